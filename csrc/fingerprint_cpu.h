@@ -1,0 +1,31 @@
+// CPU fingerprint of a strided tensor, read in place through a raw pointer.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "fingerprint.h"
+
+namespace opguard {
+
+struct TensorView {
+  const uint8_t* data;           // address of the first logical element (storage offset applied)
+  int64_t itemsize;              // bytes per element
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;  // in elements
+  Kind kind;
+};
+
+struct Fingerprint {
+  uint64_t hash = 0;
+  uint64_t nbytes = 0;        // length of the logical byte stream
+  std::vector<uint8_t> head;  // raw bytes of the first elements, in logical order
+  Stats stats = Stats::empty();
+};
+
+// Hashes `view` in logical order without copying it, keeping the raw bytes of its first
+// `head_elements` elements and, for kinds with stats, the statistics. Pure function of the
+// bytes: safe to call with the GIL released.
+Fingerprint fingerprint_cpu(const TensorView& view, int64_t head_elements);
+
+}  // namespace opguard

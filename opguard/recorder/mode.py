@@ -1,0 +1,314 @@
+"""The dispatch-mode recorder: sees every ATen op and writes one record per op.
+
+It never changes what an op computes: the op runs exactly once, on the caller's arguments, and
+everything the recorder does happens before or after, reading tensor memory through raw
+pointers. Any failure inside the recorder disables it (the training goes on) and is written to
+the trace.
+"""
+
+from __future__ import annotations
+
+import traceback
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..store import schema
+from .arguments import encode, generator_fingerprint
+from .callsite import CallSites
+from .ops import OpInfo, op_info
+from .tensors import describe, fingerprint_fields
+
+_BACKWARD = schema.PHASES.index("backward")
+_OPTIMIZER = schema.PHASES.index("optimizer")
+_FORWARD = schema.PHASES.index("forward")
+_OTHER = schema.PHASES.index("other")
+
+Fields = dict[str, Any]
+
+# Bookkeeping ops that compute nothing: record_function markers carry object addresses that
+# differ between runs of the same program.
+UNRECORDED_NAMESPACES = frozenset({"profiler"})
+
+
+class _Known:
+    """What the recorder last saw of a live tensor: who wrote it and its content fields."""
+
+    __slots__ = ("fields", "index", "ref", "slot", "version")
+
+    def __init__(self, ref: weakref.ref, index: int | None, slot: int, version: int,
+                 fields: Fields | None) -> None:
+        self.ref = ref
+        self.index = index
+        self.slot = slot
+        self.version = version
+        self.fields = fields  # None: a view, read on first use
+
+
+class StepState:
+    """Step counter and phase flags shared by the recorder and the optimizer hooks."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.in_optimizer = False
+
+
+class OpRecorder(TorchDispatchMode):
+    def __init__(self, writer: Any, steps: StepState,
+                 on_failure: Callable[[int, BaseException], None]) -> None:
+        super().__init__()
+        self._writer = writer
+        self._steps = steps
+        self._sites = CallSites(writer)
+        self._on_failure = on_failure
+        self._infos: dict[Any, OpInfo] = {}
+        self._known: dict[int, _Known] = {}
+        self._last_writer: dict[int, _Known] = {}  # storage address -> its last recorded write
+        self._unsettled: list[tuple[torch.Tensor, _Known]] = []
+        self._forward_sites: dict[int, tuple[int, int | None, int | None]] = {}
+        self._last_sequence_nr = -1
+        self.next_index = 0
+        self.active = True
+
+    # -- dispatch -------------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        if not self.active or func.namespace in UNRECORDED_NAMESPACES:
+            return func(*args, **kwargs)
+        try:
+            pending = self._before(func, args, kwargs)
+        except Exception as exc:
+            self._fail(exc)
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        try:
+            self._after(pending, out)
+        except Exception as exc:
+            self._fail(exc)
+        return out
+
+    def _fail(self, exc: BaseException) -> None:
+        self.active = False
+        self._on_failure(self.next_index, exc)
+
+    def forget_step(self) -> None:
+        """Drops per-step state at a step boundary: forward call sites of backward ops, and
+        the storage-level writers (kept for aliases written through short-lived views)."""
+        self._forward_sites.clear()
+        self._last_writer.clear()
+
+    # -- before the op: inputs, arguments, RNG ----------------------------------------------
+
+    def _before(self, func: Any, args: tuple, kwargs: dict) -> tuple:
+        if self._writer.error is not None:
+            raise RuntimeError(f"trace writer failed: {self._writer.error}")
+        if self._unsettled:
+            self._settle_versions()
+        info = self._infos.get(func)
+        if info is None:
+            info = self._infos[func] = op_info(func, self._writer.intern_name)
+        inputs: list[Fields] = []
+        written: list[tuple[str, torch.Tensor]] = []
+        arguments: list[list[Any]] = []
+        names = info.arg_names
+        for position, value in enumerate(args):
+            name = names[position] if position < len(names) else str(position)
+            self._classify(info, name, value, inputs, written, arguments)
+        for name, value in kwargs.items():
+            self._classify(info, name, value, inputs, written, arguments)
+        rng = self._rng_state(kwargs.get("generator")) if info.is_random else None
+        return info, inputs, written, arguments, rng
+
+    def _classify(self, info: OpInfo, name: str, value: Any, inputs: list[Fields],
+                  written: list[tuple[str, torch.Tensor]], arguments: list[list[Any]]) -> None:
+        if isinstance(value, torch.Tensor):
+            if name in info.written_args:
+                written.append((name, value))
+            if name not in info.out_args:
+                inputs.append(self._input_entry(name, value))
+        elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+            for k, item in enumerate(value):
+                if isinstance(item, torch.Tensor):
+                    slot = f"{name}[{k}]"
+                    if name in info.written_args:
+                        written.append((slot, item))
+                    if name not in info.out_args:
+                        inputs.append(self._input_entry(slot, item))
+        elif name != "generator":
+            arguments.append([name, encode(value)])
+
+    def _input_entry(self, slot: str, tensor: torch.Tensor) -> Fields:
+        entry = describe(tensor, slot)
+        known = self._known.get(id(tensor))
+        if (known is not None and known.ref() is tensor and known.version >= 0
+                and known.version == _version_of(tensor)):
+            if known.fields is None:
+                known.fields = fingerprint_fields(tensor)
+            entry.update(known.fields)
+            if known.index is not None:
+                entry["p"] = [known.index, known.slot]
+            return entry
+        fields = fingerprint_fields(tensor)
+        entry.update(fields)
+        writer = self._storage_writer(tensor)
+        if writer is not None and writer.index is not None:
+            entry["p"] = [writer.index, writer.slot]
+            self._remember(tensor, writer.index, writer.slot, fields)
+        else:
+            self._remember(tensor, None, 0, fields)
+        return entry
+
+    def _storage_writer(self, tensor: torch.Tensor) -> _Known | None:
+        """The op that last wrote this tensor's storage (through another alias of it), when no
+        write has happened since."""
+        try:
+            last = self._last_writer.get(tensor.untyped_storage().data_ptr())
+        except RuntimeError:
+            return None
+        if last is not None and last.version >= 0 and last.version == _version_of(tensor):
+            return last
+        return None
+
+    def _settle_versions(self) -> None:
+        """In-place ops bump the version counter after the dispatch mode returns, so the
+        versions of the previous op's written tensors are read when the next op starts."""
+        for tensor, known in self._unsettled:
+            known.version = _version_of(tensor)
+        self._unsettled.clear()
+
+    def _rng_state(self, generator: torch.Generator | None) -> int | None:
+        if generator is None:
+            generator = torch.default_generator
+        return generator_fingerprint(generator)
+
+    # -- after the op: outputs, call site, record ------------------------------------------
+
+    def _after(self, pending: tuple, out: Any) -> None:
+        info, inputs, written, arguments, rng = pending
+        index = self.next_index
+        self.next_index += 1
+        written_ids = {id(t) for _, t in written}
+        outputs: list[Fields] = []
+        seen: set[int] = set()
+        for slot, tensor in _returned_tensors(out):
+            self._output(index, info, slot, tensor, inputs, outputs, id(tensor) in written_ids)
+            seen.add(id(tensor))
+        for slot, tensor in written:
+            if id(tensor) not in seen:
+                self._output(index, info, slot, tensor, inputs, outputs, True)
+                seen.add(id(tensor))
+        record: dict[str, Any] = {
+            "i": index, "o": info.name_id, "s": self._steps.step, "x": inputs, "y": outputs,
+        }
+        self._locate(index, record)
+        if arguments:
+            record["a"] = arguments
+        if rng is not None:
+            record["r"] = rng
+        if out is not None and not outputs:
+            record["v"] = encode(out)  # a returned scalar, e.g. the value of .item()
+        self._writer.append(index, record)
+
+    def _output(self, index: int, info: OpInfo, slot: str, tensor: torch.Tensor,
+                inputs: list[Fields], outputs: list[Fields], was_written: bool) -> None:
+        entry = describe(tensor, slot)
+        fields: Fields | None
+        if info.uninitialized_output:
+            fields = {"f": schema.FLAG_UNINITIALIZED}
+        elif info.is_view:
+            base_uninitialized = bool(inputs) and inputs[0].get("f", 0) & schema.FLAG_UNINITIALIZED
+            fields = {"f": schema.FLAG_UNINITIALIZED} if base_uninitialized else None
+            entry["f"] = schema.FLAG_VIEW
+        else:
+            fields = fingerprint_fields(tensor)
+        if fields is not None:
+            entry.update(fields)
+        if was_written:
+            entry["f"] = entry.get("f", 0) | schema.FLAG_WRITTEN
+        output_slot = len(outputs)
+        outputs.append(entry)
+        known = self._remember(tensor, index, output_slot, fields)
+        if was_written:
+            self._unsettled.append((tensor, known))
+        if not info.is_view:
+            try:
+                self._last_writer[tensor.untyped_storage().data_ptr()] = known
+            except RuntimeError:
+                pass
+
+    def _remember(self, tensor: torch.Tensor, index: int | None, slot: int,
+                  fields: Fields | None) -> _Known:
+        key = id(tensor)
+        known = self._known
+
+        def forget(ref: weakref.ref, key: int = key) -> None:
+            entry = known.get(key)
+            if entry is not None and entry.ref is ref:
+                del known[key]
+
+        entry = known[key] = _Known(weakref.ref(tensor, forget), index, slot,
+                                    _version_of(tensor), fields)
+        return entry
+
+    def _locate(self, index: int, record: dict[str, Any]) -> None:
+        """Phase, call site and stack; backward ops borrow their forward op's call site."""
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            record["p"] = _BACKWARD
+            forward = self._forward_sites.get(node._sequence_nr())
+            if forward is not None:
+                record["f"], site, stack = forward
+                if site is not None:
+                    record["c"], record["k"] = site, stack
+                return
+            located = self._sites.capture()
+        else:
+            steps = self._steps
+            record["p"] = _OPTIMIZER if steps.in_optimizer else (
+                _FORWARD if torch.is_grad_enabled() else _OTHER)
+            located = self._sites.capture()
+            sequence_nr = torch._C._autograd._get_sequence_nr()
+            if sequence_nr != self._last_sequence_nr:
+                # The first op after the counter moved is the one whose autograd node took it.
+                self._last_sequence_nr = sequence_nr
+                self._forward_sites[sequence_nr - 1] = (
+                    index, located[0] if located else None, located[1] if located else None)
+        if located is not None:
+            record["c"], record["k"] = located
+
+
+def failure_info(index: int, exc: BaseException) -> dict[str, Any]:
+    return {
+        "at_op": index,
+        "error": f"{type(exc).__name__}: {exc}",
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+
+
+def _returned_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
+    """(slot, tensor) for every tensor an op returned, nested lists included."""
+    if isinstance(out, torch.Tensor):
+        return [("0", out)]
+    found: list[tuple[str, torch.Tensor]] = []
+    if isinstance(out, (tuple, list)):
+        for position, value in enumerate(out):
+            if isinstance(value, torch.Tensor):
+                found.append((str(position), value))
+            elif isinstance(value, (tuple, list)):
+                found.extend((f"{position}[{k}]", item) for k, item in enumerate(value)
+                             if isinstance(item, torch.Tensor))
+    return found
+
+
+def _version_of(tensor: torch.Tensor) -> int:
+    """The tensor's version counter; inference tensors have none (-1: never trusted)."""
+    try:
+        return int(tensor._version)
+    except RuntimeError:
+        return -1

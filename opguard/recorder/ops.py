@@ -1,0 +1,50 @@
+"""What the recorder needs to know about an ATen op, computed once per overload."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Ops whose outputs hold memory nobody has written yet: reading it would fingerprint garbage
+# and make identical runs look different.
+UNINITIALIZED_OUTPUT_OPS = frozenset(
+    {
+        "aten::empty",
+        "aten::empty_like",
+        "aten::empty_strided",
+        "aten::empty_permuted",
+        "aten::new_empty",
+        "aten::new_empty_strided",
+        "aten::resize_",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OpInfo:
+    name: str  # "aten::addmm.default"
+    name_id: int
+    arg_names: tuple[str, ...]
+    written_args: frozenset[str]  # mutated in place (Tensor(a!)) or out=
+    out_args: frozenset[str]  # write-only: their old content is not an input
+    is_view: bool
+    is_random: bool
+    uninitialized_output: bool
+
+
+def op_info(func: torch._ops.OpOverload, intern_name: object) -> OpInfo:
+    schema = func._schema
+    base = schema.name
+    name = f"{base}.{func._overloadname}"
+    args = schema.arguments
+    return OpInfo(
+        name=name,
+        name_id=intern_name(name),  # type: ignore[operator]
+        arg_names=tuple(a.name for a in args),
+        written_args=frozenset(a.name for a in args if a.alias_info and a.alias_info.is_write),
+        out_args=frozenset(a.name for a in args if a.is_out),
+        is_view=bool(func.is_view),
+        is_random=torch.Tag.nondeterministic_seeded in func.tags,
+        uninitialized_output=base in UNINITIALIZED_OUTPUT_OPS,
+    )

@@ -1,0 +1,204 @@
+"""A recording session: the run directory, the trace writer, the optimizer hooks and the mode.
+
+``opguard.record(RUN_DIR)`` and ``opguard record`` both go through :class:`RecordingSession`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+
+from .. import __version__
+from ..store import TraceError, TraceWriter, schema
+from ..store.meta import read_meta, recorded_environment, write_meta
+from .mode import OpRecorder, StepState, failure_info
+
+_active: RecordingSession | None = None
+
+
+class StepLimitReached(SystemExit):
+    """Raised from ``optimizer.step()`` after the last requested step when the whole process
+    should end there (``opguard record --steps N``)."""
+
+
+def prepare_run_dir(path: Path, overwrite: bool) -> None:
+    """Creates ``path`` for a new run. Refuses a non-empty directory unless it is an earlier
+    OpGuard run and ``overwrite`` is set: OpGuard never deletes what it did not write."""
+    if path.exists() and not path.is_dir():
+        raise TraceError(f"{path}: exists and is not a directory")
+    if path.exists() and any(path.iterdir()):
+        if not overwrite:
+            raise TraceError(f"{path}: output directory is not empty (use --overwrite to replace a run)")
+        if not (path / schema.META_FILE).exists():
+            raise TraceError(f"{path}: not an OpGuard run, refusing to overwrite it")
+        shutil.rmtree(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".opguard-write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot write the output directory ({exc.strerror})") from None
+
+
+def _devices() -> list[str]:
+    devices = [f"cpu: {platform.processor() or platform.machine()}"]
+    if torch.cuda.is_available():
+        devices += [f"cuda:{i}: {torch.cuda.get_device_name(i)}"
+                    for i in range(torch.cuda.device_count())]
+    return devices
+
+
+class RecordingSession:
+    """Records every op of this process into ``run_dir/rank-K`` until :meth:`close`."""
+
+    def __init__(self, run_dir: str | Path, *, steps: int | None = None,
+                 exit_after_steps: bool = False, overwrite: bool = False,
+                 command: list[str] | None = None, rank: int | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+        self.steps_limit = steps
+        self.exit_after_steps = exit_after_steps
+        self.command = command or [sys.executable, *sys.argv]
+        self.failure: dict[str, Any] | None = None
+        self.state = StepState()
+        self._overwrite = overwrite
+        self._recorder: OpRecorder | None = None
+        self._hooks: list[Any] = []
+        self._stopped_reason: str | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> RecordingSession:
+        global _active
+        if _active is not None:
+            raise RuntimeError("opguard: a recording is already active in this process")
+        if self.rank == 0:
+            prepare_run_dir(self.run_dir, self._overwrite)
+        self.meta = self._initial_meta()
+        if self.rank == 0:
+            write_meta(self.run_dir, self.meta)
+        self.writer = TraceWriter(
+            self.run_dir / schema.rank_dir_name(self.rank),
+            start_info={"rank": self.rank, "pid": os.getpid(), "started": time.time()},
+        )
+        self._recorder = OpRecorder(self.writer, self.state, self._on_failure)
+        self._hooks = [
+            register_optimizer_step_pre_hook(self._optimizer_pre),
+            register_optimizer_step_post_hook(self._optimizer_post),
+        ]
+        self._recorder.__enter__()
+        _active = self
+        return self
+
+    def close(self, status: str = "finished", exit_code: int | None = None,
+              error: str | None = None) -> None:
+        global _active
+        if self._recorder is None:
+            return
+        recorder, self._recorder = self._recorder, None
+        recorder.__exit__(None, None, None)
+        for hook in self._hooks:
+            hook.remove()
+        _active = None
+        if self._stopped_reason is not None and status == "finished":
+            status = "stopped"
+        end = {"status": status, "ops": recorder.next_index, "steps": self.state.step,
+               "exit_code": exit_code, "error": error, "stopped": self._stopped_reason}
+        write_error = self.writer.close(end)
+        if write_error is not None and self.failure is None:
+            self.failure = failure_info(recorder.next_index, write_error)
+        if self.rank == 0:
+            self.meta = {**read_meta(self.run_dir), **end, "ended": time.time(),
+                         "recorder_failure": self.failure and self.failure["error"]}
+            write_meta(self.run_dir, self.meta)
+
+    def __enter__(self) -> RecordingSession:
+        return self.start()
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
+        if exc is None or isinstance(exc, StepLimitReached):
+            self.close("finished")
+        else:
+            self.close("failed", error=f"{type(exc).__name__}: {exc}")
+
+    # -- steps ----------------------------------------------------------------------------
+
+    def end_step(self) -> None:
+        self.state.step += 1
+        if self._recorder is not None:
+            self._recorder.forget_step()
+        if self.steps_limit is not None and self.state.step >= self.steps_limit:
+            self._stop_recording(f"step limit {self.steps_limit} reached")
+            if self.exit_after_steps:
+                raise StepLimitReached(0)
+
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.state.in_optimizer = True
+
+    def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.state.in_optimizer = False
+        self.end_step()
+
+    def _stop_recording(self, reason: str) -> None:
+        self._stopped_reason = reason
+        if self._recorder is not None:
+            self._recorder.active = False
+
+    # -- failures -------------------------------------------------------------------------
+
+    def _on_failure(self, index: int, exc: BaseException) -> None:
+        self.failure = failure_info(index, exc)
+        self.writer.put_info("failure", self.failure)
+        print(f"opguard: recording stopped at op {index}: {self.failure['error']} "
+              "(training continues unrecorded)", file=sys.stderr)
+
+    # -- metadata -------------------------------------------------------------------------
+
+    def _initial_meta(self) -> dict[str, Any]:
+        return {
+            "schema": schema.SCHEMA_VERSION,
+            "opguard": __version__,
+            "command": self.command,
+            "argv": list(sys.argv),
+            "cwd": os.getcwd(),
+            "python": sys.version.split()[0],
+            "executable": sys.executable,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "host": socket.gethostname(),
+            "platform": platform.platform(),
+            "devices": _devices(),
+            "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+            "env": recorded_environment(),
+            "steps_limit": self.steps_limit,
+            "started": time.time(),
+            "status": "running",
+        }
+
+
+def record(run_dir: str | Path, *, steps: int | None = None,
+           overwrite: bool = False) -> RecordingSession:
+    """Records every op run inside the ``with`` block into ``run_dir``.
+
+    ``steps`` stops recording (not the training) after that many optimizer steps.
+    """
+    return RecordingSession(run_dir, steps=steps, overwrite=overwrite)
+
+
+def step() -> None:
+    """Marks the end of a training step in custom loops that have no ``optimizer.step()``."""
+    if _active is not None:
+        _active.end_step()

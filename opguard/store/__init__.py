@@ -1,0 +1,8 @@
+"""Persistent traces: LMDB per rank plus ``meta.json``. Never imports torch or any front end."""
+
+from .errors import TraceError
+from .reader import RankTrace, Run
+from .records import CallSite, OpRecord, TensorRecord
+from .writer import TraceWriter
+
+__all__ = ["CallSite", "OpRecord", "RankTrace", "Run", "TensorRecord", "TraceError", "TraceWriter"]

@@ -1,0 +1,201 @@
+"""Reading traces: a run directory, its ranks, and their ops in execution order.
+
+Readers never load a whole trace: ops are decoded one at a time from an LMDB cursor, and the
+small interned tables (names, call sites, stacks) are loaded once per rank. A trace that is still
+being written, or whose writer was killed, reads up to its last committed batch; a damaged
+environment reads up to its last good record and says so (``RankTrace.damage``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import msgpack
+
+from . import schema
+from .errors import TraceError
+from .meta import read_meta
+from .records import UNKNOWN_SITE, CallSite, OpRecord, TensorRecord
+
+
+def _unpack(raw: bytes) -> Any:
+    return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+
+
+class RankTrace:
+    """One rank's ops. Cheap to open; safe to use while the recorder is still writing."""
+
+    def __init__(self, path: Path, rank: int) -> None:
+        self.path = path
+        self.rank = rank
+        self.damage: str | None = None  # set when reading stopped at a damaged record
+        try:
+            self._env = lmdb.open(
+                str(path), readonly=True, lock=_can_lock(path), max_dbs=len(schema.DB_NAMES),
+                readahead=False,
+            )
+            self._dbs = {name: self._env.open_db(name.encode(), create=False)
+                         for name in schema.DB_NAMES}
+        except lmdb.Error as exc:
+            raise TraceError(f"{path}: not a readable OpGuard trace ({exc})") from None
+        self.info = self._read_info()
+        version = self.info.get("schema")
+        if not isinstance(version, int) or version > schema.SCHEMA_VERSION:
+            raise TraceError(f"{path}: trace schema {version} is newer than this OpGuard reads")
+
+    def _read_info(self) -> dict[str, Any]:
+        try:
+            with self._env.begin() as txn:
+                return {k.decode(): _unpack(v) for k, v in txn.cursor(db=self._dbs["info"])}
+        except (lmdb.Error, ValueError) as exc:
+            raise TraceError(f"{self.path}: unreadable trace header ({exc})") from None
+
+    def close(self) -> None:
+        self._env.close()
+
+    @property
+    def finished(self) -> bool:
+        """Whether the recorder closed this trace (no ``end`` means killed or still running)."""
+        return "end" in self.info
+
+    @property
+    def failure(self) -> dict[str, Any] | None:
+        return self.info.get("failure")
+
+    def __len__(self) -> int:
+        with self._env.begin() as txn:
+            return int(txn.stat(self._dbs["ops"])["entries"])
+
+    def _table(self, name: str) -> dict[int, Any]:
+        table: dict[int, Any] = {}
+        try:
+            with self._env.begin() as txn:
+                for key, value in txn.cursor(db=self._dbs[name]):
+                    table[schema.id_of(key)] = _unpack(value)
+        except (lmdb.Error, ValueError) as exc:
+            self.damage = f"interned {name} unreadable: {exc}"
+        return table
+
+    @cached_property
+    def op_names(self) -> dict[int, str]:
+        return self._table("names")
+
+    @cached_property
+    def sites(self) -> dict[int, CallSite]:
+        return {
+            i: CallSite(v[0], v[1], v[2], tuple((n, t) for n, t in v[3]))
+            for i, v in self._table("sites").items()
+        }
+
+    @cached_property
+    def stacks(self) -> dict[int, tuple[int, ...]]:
+        return {i: tuple(v) for i, v in self._table("stacks").items()}
+
+    def stack(self, stack_id: int) -> list[CallSite]:
+        """The user stack of an op, outermost frame first."""
+        return [self.sites.get(s, UNKNOWN_SITE) for s in self.stacks.get(stack_id, ())]
+
+    def refresh(self) -> None:
+        """Forgets cached tables so ops written since opening become readable."""
+        for name in ("op_names", "sites", "stacks"):
+            self.__dict__.pop(name, None)
+        self.info = self._read_info()
+
+    def decode(self, raw: dict[str, Any]) -> OpRecord:
+        site = raw.get("c")
+        return OpRecord(
+            index=raw["i"],
+            op=self.op_names.get(raw["o"], f"<op {raw['o']}>"),
+            step=raw.get("s", 0),
+            phase=schema.PHASES[raw.get("p", 3)],
+            call_site=self.sites.get(site, UNKNOWN_SITE) if site is not None else UNKNOWN_SITE,
+            stack_id=raw.get("k", -1),
+            forward_index=raw.get("f"),
+            args=tuple((str(a[0]), a[1]) for a in raw.get("a", ())),
+            inputs=tuple(TensorRecord.decode(t) for t in raw.get("x", ())),
+            outputs=tuple(TensorRecord.decode(t) for t in raw.get("y", ())),
+            rng=raw.get("r"),
+            returned=raw.get("v"),
+            kernels=tuple(raw.get("g", ())),
+        )
+
+    def raw_ops(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
+        """Undecoded op maps in execution order, from ``start`` up to ``stop`` (exclusive)."""
+        try:
+            with self._env.begin(buffers=True) as txn:
+                cursor = txn.cursor(db=self._dbs["ops"])
+                if not cursor.set_range(schema.op_key(start)):
+                    return
+                for key, value in cursor:
+                    index = schema.op_index(bytes(key))
+                    if stop is not None and index >= stop:
+                        return
+                    yield _unpack(value)
+        except (lmdb.Error, ValueError, KeyError, TypeError) as exc:
+            self.damage = f"reading stopped at a damaged record: {exc}"
+
+    def ops(self, start: int = 0, stop: int | None = None) -> Iterator[OpRecord]:
+        for raw in self.raw_ops(start, stop):
+            yield self.decode(raw)
+
+    def op(self, index: int) -> OpRecord:
+        try:
+            with self._env.begin() as txn:
+                raw = txn.get(schema.op_key(index), db=self._dbs["ops"])
+        except lmdb.Error as exc:
+            raise TraceError(f"{self.path}: op {index} unreadable ({exc})") from None
+        if raw is None:
+            raise TraceError(f"{self.path}: no op {index} (trace has {len(self)})")
+        return self.decode(_unpack(raw))
+
+
+def _can_lock(path: Path) -> bool:
+    """Readers take LMDB's reader lock (so a live writer never reuses pages they read) unless
+    the trace is on a read-only location, where no writer can be running anyway."""
+    lock = path / "lock.mdb"
+    return os.access(lock if lock.exists() else path, os.W_OK)
+
+
+class Run:
+    """A recorded run: its metadata and one trace per rank."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            raise TraceError(f"{self.path}: no such run directory")
+        if not self.path.is_dir():
+            raise TraceError(f"{self.path}: not a directory (expected an OpGuard run directory)")
+        self.meta = read_meta(self.path)
+        self.ranks = sorted(
+            int(p.name[len(schema.RANK_DIR_PREFIX):])
+            for p in self.path.glob(f"{schema.RANK_DIR_PREFIX}*")
+            if p.name[len(schema.RANK_DIR_PREFIX):].isdigit()
+        )
+        self._traces: dict[int, RankTrace] = {}
+
+    @property
+    def status(self) -> str:
+        return str(self.meta.get("status", "unknown"))
+
+    def rank(self, rank: int = 0) -> RankTrace:
+        if rank not in self.ranks:
+            raise TraceError(f"{self.path}: no rank {rank} (ranks: {self.ranks or 'none'})")
+        if rank not in self._traces:
+            self._traces[rank] = RankTrace(self.path / schema.rank_dir_name(rank), rank)
+        return self._traces[rank]
+
+    def close(self) -> None:
+        for trace in self._traces.values():
+            trace.close()
+        self._traces.clear()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

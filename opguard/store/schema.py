@@ -1,0 +1,70 @@
+"""The on-disk layout of an OpGuard trace: one place that names every key and field.
+
+A run directory holds ``meta.json`` (the run as a whole) and one LMDB environment per rank,
+``rank-K/``. Each environment has these named databases:
+
+``ops``
+    key: 8-byte big-endian sequence number (cursor order is execution order);
+    value: msgpack map, fields below.
+``names`` / ``sites`` / ``stacks``
+    interned op names, call sites and user stacks; key: 4-byte big-endian id.
+``info``
+    ``schema`` (written first), ``start`` and, on a clean end, ``end``; plus ``failure`` when
+    the recorder itself stopped early.
+
+Op record fields (short keys keep traces small; readers map them to names)::
+
+    i  sequence number            o  op-name id            s  step
+    p  phase (PHASES index)       c  call-site id          k  stack id
+    f  forward op index (backward ops)                     a  non-tensor arguments [[name, value]]
+    x  input tensors              y  output tensors         r  RNG-state fingerprint (random ops)
+    v  non-tensor return value (e.g. of ``.item()``)    g  kernels (GPU)
+
+Tensor entry fields::
+
+    n  argument slot (``self``, ``tensors[2]``, ``out``, ``0`` for returns)
+    d  dtype name   s  shape   t  strides   v  device
+    h  64-bit fingerprint (absent: not read, see ``f``)   b  raw bytes of the first elements
+    z  logical byte length    m  stats [min, max, mean, absmax, nan, inf]
+    p  producer [op index, output slot] (absent: leaf)    f  flags (FLAG_*)
+"""
+
+from __future__ import annotations
+
+import struct
+
+SCHEMA_VERSION = 1
+DB_NAMES = ("ops", "names", "sites", "stacks", "info")
+META_FILE = "meta.json"
+RANK_DIR_PREFIX = "rank-"
+
+PHASES = ("forward", "backward", "optimizer", "other")
+
+# Tensor flags.
+FLAG_VIEW = 1  # output of a view op: shares its input's data, not re-read
+FLAG_UNINITIALIZED = 2  # memory not yet written (torch.empty and friends): content meaningless
+FLAG_UNREADABLE = 4  # no raw storage to read (meta, sparse, nested, subclass)
+FLAG_WRITTEN = 8  # an argument the op wrote in place (its "output" entry is the new content)
+
+_KEY = struct.Struct(">Q")
+_ID = struct.Struct(">I")
+
+
+def op_key(index: int) -> bytes:
+    return _KEY.pack(index)
+
+
+def op_index(key: bytes) -> int:
+    return int(_KEY.unpack(key)[0])
+
+
+def id_key(ident: int) -> bytes:
+    return _ID.pack(ident)
+
+
+def id_of(key: bytes) -> int:
+    return int(_ID.unpack(key)[0])
+
+
+def rank_dir_name(rank: int) -> str:
+    return f"{RANK_DIR_PREFIX}{rank}"

@@ -1,0 +1,151 @@
+"""Batched, crash-tolerant writing of one rank's trace into LMDB from a background thread.
+
+The training thread only appends small Python objects to a pending list; a daemon thread packs
+them with msgpack and commits them in one LMDB transaction per batch, with ``append=True`` puts
+(keys are increasing). A process killed with SIGKILL therefore leaves a consistent trace up to
+its last committed batch: at most ``flush_interval`` seconds of ops are lost.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import msgpack
+
+from . import schema
+
+# 1 TiB of address space: LMDB maps it lazily and the file only grows as pages are written.
+MAP_SIZE = 1 << 40
+
+Packer = Callable[[], Any]
+
+
+class Interner:
+    """Assigns dense ids to hashable values; new values are handed to ``on_new``."""
+
+    def __init__(self, on_new: Callable[[int, Any], None]) -> None:
+        self._ids: dict[Any, int] = {}
+        self._on_new = on_new
+
+    def __call__(self, value: Any, payload: Callable[[], Any] | None = None) -> int:
+        ident = self._ids.get(value)
+        if ident is None:
+            ident = len(self._ids)
+            self._ids[value] = ident
+            self._on_new(ident, payload() if payload is not None else value)
+        return ident
+
+
+class TraceWriter:
+    """Writes one rank's trace. ``append`` is cheap and thread-safe; ``close`` flushes."""
+
+    def __init__(
+        self,
+        rank_dir: Path,
+        *,
+        start_info: dict[str, Any],
+        batch_size: int = 8192,
+        flush_interval: float = 0.25,
+    ) -> None:
+        rank_dir.mkdir(parents=True, exist_ok=True)
+        self._env = lmdb.open(
+            str(rank_dir),
+            map_size=MAP_SIZE,
+            max_dbs=len(schema.DB_NAMES),
+            sync=False,  # a killed process keeps the page cache; fsync happens at close
+            metasync=False,
+            readahead=False,
+        )
+        self._dbs = {name: self._env.open_db(name.encode()) for name in schema.DB_NAMES}
+        with self._env.begin(write=True) as txn:
+            info = self._dbs["info"]
+            txn.put(b"schema", msgpack.packb(schema.SCHEMA_VERSION), db=info)
+            txn.put(b"start", msgpack.packb(start_info), db=info)
+        self.intern_name = Interner(lambda i, v: self._put_later("names", schema.id_key(i), v))
+        self.intern_site = Interner(lambda i, v: self._put_later("sites", schema.id_key(i), v))
+        self.intern_stack = Interner(lambda i, v: self._put_later("stacks", schema.id_key(i), v))
+        self._pending: list[tuple[str, bytes, Any]] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = False
+        self._batch_size = batch_size
+        self._flush_interval = flush_interval
+        self.error: BaseException | None = None
+        self.records_written = 0
+        self.bytes_written = 0
+        self._thread = threading.Thread(target=self._run, name="opguard-writer", daemon=True)
+        self._thread.start()
+
+    def _put_later(self, db: str, key: bytes, value: Any) -> None:
+        with self._lock:
+            self._pending.append((db, key, value))
+
+    def append(self, index: int, record: dict[str, Any] | Packer) -> None:
+        """Queues op ``index``. ``record`` may be a callable, packed on the writer thread
+        (GPU records finish there once their device results have landed)."""
+        with self._lock:
+            self._pending.append(("ops", schema.op_key(index), record))
+            full = len(self._pending) >= self._batch_size
+        if full:
+            self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._flush_interval)
+            self._wake.clear()
+            closing = self._closing
+            with self._lock:
+                batch, self._pending = self._pending, []
+            if batch and self.error is None:
+                try:
+                    self._commit(batch)
+                except BaseException as exc:  # keep the training alive; close() reports it
+                    self.error = exc
+            if closing:
+                return
+
+    def _commit(self, batch: list[tuple[str, bytes, Any]]) -> None:
+        packb = msgpack.Packer(use_bin_type=True).pack
+        by_db: dict[str, list[tuple[bytes, bytes]]] = {}
+        for db, key, value in batch:
+            if callable(value):
+                value = value()
+            by_db.setdefault(db, []).append((key, packb(value)))
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    for db, items in by_db.items():
+                        with txn.cursor(db=self._dbs[db]) as cursor:
+                            cursor.putmulti(items, append=(db != "info"))
+                break
+            except lmdb.MapFullError:
+                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+        self.records_written += len(by_db.get("ops", ()))
+        self.bytes_written += sum(len(v) for items in by_db.values() for _, v in items)
+
+    def put_info(self, key: str, value: Any) -> None:
+        """Writes an ``info`` entry with the next batch (e.g. a recorder failure)."""
+        self._put_later("info", key.encode(), value)
+
+    def close(self, end_info: dict[str, Any]) -> BaseException | None:
+        """Flushes everything, writes the ``end`` record, syncs and closes. Returns the write
+        error that stopped the writer early, if any."""
+        self._closing = True
+        self._wake.set()
+        self._thread.join()
+        if self.error is None:
+            try:
+                with self._lock:
+                    batch, self._pending = self._pending, []
+                batch.append(("info", b"end", {**end_info, "ended": time.time()}))
+                self._commit(batch)
+                self._env.sync(True)
+            except BaseException as exc:
+                self.error = exc
+        self._env.close()
+        return self.error
