@@ -93,6 +93,37 @@ class TensorRecord:
     def describe_shape(self) -> str:
         return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
 
+    def fingerprint_text(self) -> str:
+        if self.is_uninitialized:
+            return "uninitialized"
+        if self.is_view:
+            return "view"
+        return f"{self.hash:016x}" if self.hash is not None else "unread"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"slot": self.slot, "dtype": self.dtype, "shape": list(self.shape),
+                               "fingerprint": self.fingerprint_text()}
+        if self.head:
+            out["values"] = [_json_number(v) for v in self.values()]
+            out["bits"] = self.bits()
+        if self.stats is not None:
+            out["stats"] = dict(zip(STAT_NAMES, (_json_number(v) for v in self.stats), strict=False))
+        if self.producer is not None:
+            out["producer"] = list(self.producer)
+        return out
+
+
+STAT_NAMES = ("min", "max", "mean", "absmax", "nan", "inf")
+
+
+def _json_number(value: Any) -> Any:
+    """JSON has no NaN/Inf or complex: spell them as strings."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return str(value)
+    if isinstance(value, complex):
+        return str(value)
+    return value
+
 
 def _numel(shape: tuple[int, ...]) -> int:
     n = 1
@@ -120,3 +151,20 @@ class OpRecord:
     @property
     def is_backward(self) -> bool:
         return self.phase == "backward"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "index": self.index, "op": self.op, "step": self.step, "phase": self.phase,
+            "call_site": self.call_site.to_json(),
+            "inputs": [t.to_json() for t in self.inputs],
+            "outputs": [t.to_json() for t in self.outputs],
+        }
+        if self.args:
+            out["args"] = {name: _json_number(value) for name, value in self.args}
+        if self.forward_index is not None:
+            out["forward_index"] = self.forward_index
+        if self.rng is not None:
+            out["rng_state"] = f"{self.rng:016x}"
+        if self.returned is not None:
+            out["returned"] = _json_number(self.returned)
+        return out

@@ -1,0 +1,5 @@
+"""``python -m opguard`` is the ``opguard`` command."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,75 @@
+"""``opguard record -o RUN_DIR [--steps N] [--python PY] -- SCRIPT.py [ARGS…] | -m MODULE …``"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from .base import CommandError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "record",
+        help="run a training script and record every op into RUN_DIR",
+        description="Runs SCRIPT (or -m MODULE) as __main__ with its own arguments, records "
+        "every op into RUN_DIR, and exits with the script's exit status.",
+    )
+    p.add_argument("-o", "--output", required=True, metavar="RUN_DIR", help="run directory")
+    p.add_argument("--steps", type=int, metavar="N",
+                   help="record the first N optimizer steps, then end the run")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier run in RUN_DIR")
+    p.add_argument("--python", metavar="PY",
+                   help="run under this interpreter (OpGuard must be installed there)")
+    p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
+    p.add_argument("target", nargs=argparse.REMAINDER, metavar="-- SCRIPT.py [ARGS…]")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    target_args = list(args.target)
+    if target_args and target_args[0] == "--":
+        target_args = target_args[1:]
+    if args.steps is not None and args.steps < 1:
+        raise CommandError("--steps must be at least 1")
+    if args.python:
+        return _run_elsewhere(args, target_args)
+
+    from ...recorder.launch import Target, run_recorded
+
+    if args.module:
+        target = Target(args.module, target_args, is_module=True)
+    else:
+        if not target_args:
+            raise CommandError("record needs a script: opguard record -o RUN_DIR -- train.py")
+        script = target_args[0]
+        if not os.path.isfile(script):
+            raise CommandError(f"{script}: no such script")
+        target = Target(script, target_args[1:])
+    command = ["opguard", "record", "-o", args.output, "--", *target.describe()]
+    return run_recorded(target, Path(args.output), steps=args.steps, overwrite=args.overwrite,
+                        command=command)
+
+
+def _run_elsewhere(args: argparse.Namespace, target_args: list[str]) -> int:
+    python = shutil.which(args.python) or args.python
+    if not os.path.isfile(python):
+        raise CommandError(f"{args.python}: no such interpreter")
+    check = subprocess.run([python, "-c", "import opguard._C"], capture_output=True)
+    if check.returncode != 0:
+        raise CommandError(f"{args.python}: OpGuard is not installed for this interpreter "
+                           f"(run: {args.python} -m pip install opguard)")
+    forwarded = ["-o", args.output]
+    if args.steps is not None:
+        forwarded += ["--steps", str(args.steps)]
+    if args.overwrite:
+        forwarded.append("--overwrite")
+    if args.module:
+        forwarded += ["-m", args.module]
+    forwarded += ["--", *target_args]
+    return subprocess.run([python, "-m", "opguard.recorder.launch", *forwarded]).returncode
+
+

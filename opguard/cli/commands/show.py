@@ -1,0 +1,76 @@
+"""``opguard show RUN_DIR [--rank K] [--ops START:END] [--json]``: what a trace holds."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from typing import Any
+
+from ...store import RankTrace, Run
+from ...store import schema as store_schema
+from .base import parse_range, print_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("show", help="summarise a recorded run, or list its ops",
+                       description="Prints a run's summary; with --ops, its ops as a table.")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--rank", type=int, default=None, help="only this rank (default: all)")
+    p.add_argument("--ops", metavar="START:END", help="list these ops (END exclusive)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run)
+
+
+def rank_summary(trace: RankTrace) -> dict[str, Any]:
+    phases: Counter[str] = Counter()
+    steps = 0
+    count = 0
+    for raw in trace.raw_ops():
+        phases[store_schema.PHASES[raw.get("p", 3)]] += 1
+        steps = max(steps, raw.get("s", 0) + 1)
+        count += 1
+    summary: dict[str, Any] = {
+        "rank": trace.rank, "ops": count, "steps": steps, "phases": dict(phases),
+        "finished": trace.finished,
+    }
+    end = trace.info.get("end")
+    if end:
+        summary["end"] = end.get("status")
+        if end.get("stopped"):
+            summary["stopped"] = end["stopped"]
+    if trace.failure:
+        summary["recorder_failure"] = trace.failure
+    if trace.damage:
+        summary["damage"] = trace.damage
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    with Run(args.run_dir) as run_:
+        ranks = [args.rank] if args.rank is not None else run_.ranks
+        traces = [run_.rank(r) for r in ranks]
+        if args.ops is not None:
+            start, stop = parse_range(args.ops)
+            ops = {t.rank: list(t.ops(start, stop)) for t in traces}
+            if args.json:
+                print_json({"ranks": {str(r): [o.to_json() for o in v] for r, v in ops.items()}})
+            else:
+                from ..render import print_op_table
+
+                for rank, listing in ops.items():
+                    print_op_table(listing, title=f"{args.run_dir} rank {rank}")
+            return 0
+        summaries = [rank_summary(t) for t in traces]
+        if args.json:
+            print_json({"run": _meta_summary(run_.meta), "ranks": summaries})
+        else:
+            from ..render import print_run_summary
+
+            print_run_summary(args.run_dir, _meta_summary(run_.meta), summaries)
+    return 0
+
+
+def _meta_summary(meta: dict[str, Any]) -> dict[str, Any]:
+    keys = ("status", "command", "cwd", "python", "torch", "cuda", "devices", "world_size",
+            "host", "started", "ended", "exit_code", "error", "stopped", "recorder_failure")
+    return {k: meta[k] for k in keys if meta.get(k) is not None}

@@ -1,0 +1,80 @@
+"""Running a user's script or module as ``__main__`` under a recording session."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from .session import RecordingSession, StepLimitReached
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to run: a script path or a module name, and its own argv."""
+
+    path: str
+    args: list[str]
+    is_module: bool = False
+
+    def describe(self) -> list[str]:
+        return ["-m", self.path, *self.args] if self.is_module else [self.path, *self.args]
+
+
+def exit_code_of(exc: SystemExit) -> int:
+    """The process exit status Python would give for ``sys.exit(code)``."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def run_recorded(target: Target, run_dir: Path, *, steps: int | None, overwrite: bool,
+                 command: list[str]) -> int:
+    """Runs ``target`` to its end (or to step ``steps``) while recording; returns the exit
+    status the script itself would have had."""
+    session = RecordingSession(run_dir, steps=steps, exit_after_steps=True, overwrite=overwrite,
+                               command=command)
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [target.path, *target.args]
+    if not target.is_module:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(target.path)))
+    session.start()
+    status, code, error = "finished", 0, None
+    try:
+        if target.is_module:
+            runpy.run_module(target.path, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target.path, run_name="__main__")
+    except StepLimitReached:
+        status = "stopped"
+    except SystemExit as exc:
+        code = exit_code_of(exc)
+        status = "finished" if code == 0 else "failed"
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        status, code, error = "failed", 130, "KeyboardInterrupt"
+    except BaseException as exc:
+        traceback.print_exc()
+        status, code, error = "failed", 1, f"{type(exc).__name__}: {exc}"
+    finally:
+        session.close(status, code, error)
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return code
+
+
+def main() -> None:
+    """``python -m opguard.recorder.launch`` is how ``opguard record --python PY`` starts the
+    script under another interpreter: the same CLI, minus ``--python``."""
+    from ..cli import main as cli_main
+
+    cli_main(["record", *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    main()
