@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ..store import OpRecord
 
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 
 
 def _when(timestamp: float | None) -> str:

@@ -16,14 +16,20 @@ from ..store.writer import TraceWriter
 SOURCE_CONTEXT = 3  # lines kept on each side of a call line, so traces explain themselves
 
 
+_OPGUARD_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def _library_roots() -> tuple[str, ...]:
-    roots = {
-        os.path.dirname(torch.__file__),
-        os.path.dirname(os.path.dirname(__file__)),  # the opguard package
-        sysconfig.get_paths()["stdlib"],
-        sysconfig.get_paths()["platstdlib"],
-    }
+    """Code that is never the user's: torch, the standard library, OpGuard itself and the
+    interpreter's console-script wrappers (``bin/opguard``)."""
+    paths = sysconfig.get_paths()
+    roots = {os.path.dirname(torch.__file__), _OPGUARD_ROOT, paths["stdlib"],
+             paths["platstdlib"], paths["scripts"]}
     return tuple(os.path.realpath(r) + os.sep for r in roots)
+
+
+# OpGuard's bundled example scripts are user code, although they live in the package.
+_USER_ROOTS = (os.path.realpath(os.path.join(_OPGUARD_ROOT, "demo")) + os.sep,)
 
 
 class CallSites:
@@ -41,7 +47,7 @@ class CallSites:
                 user = False
             else:
                 real = os.path.realpath(filename) if os.path.isabs(filename) else filename
-                user = not real.startswith(self._roots)
+                user = real.startswith(_USER_ROOTS) or not real.startswith(self._roots)
             self._is_user[filename] = user
         return user
 

@@ -27,6 +27,37 @@ def _unpack(raw: bytes) -> Any:
     return msgpack.unpackb(raw, raw=False, strict_map_key=False)
 
 
+class _Environments:
+    """LMDB allows one open handle per environment and process, so readers of the same trace
+    (say, a run diffed against itself) share it, counted."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, tuple[lmdb.Environment, int]] = {}
+
+    def acquire(self, path: Path) -> lmdb.Environment:
+        key = os.path.realpath(path)
+        env, count = self._open.get(key, (None, 0))
+        if env is None:
+            if not (path / "data.mdb").is_file():
+                raise lmdb.Error("no data.mdb")
+            env = lmdb.open(str(path), readonly=True, lock=_can_lock(path),
+                            max_dbs=len(schema.DB_NAMES), readahead=False, create=False)
+        self._open[key] = (env, count + 1)
+        return env
+
+    def release(self, path: Path) -> None:
+        key = os.path.realpath(path)
+        env, count = self._open[key]
+        if count <= 1:
+            del self._open[key]
+            env.close()
+        else:
+            self._open[key] = (env, count - 1)
+
+
+_ENVIRONMENTS = _Environments()
+
+
 class RankTrace:
     """One rank's ops. Cheap to open; safe to use while the recorder is still writing."""
 
@@ -35,10 +66,7 @@ class RankTrace:
         self.rank = rank
         self.damage: str | None = None  # set when reading stopped at a damaged record
         try:
-            self._env = lmdb.open(
-                str(path), readonly=True, lock=_can_lock(path), max_dbs=len(schema.DB_NAMES),
-                readahead=False,
-            )
+            self._env = _ENVIRONMENTS.acquire(path)
             self._dbs = {name: self._env.open_db(name.encode(), create=False)
                          for name in schema.DB_NAMES}
         except lmdb.Error as exc:
@@ -56,7 +84,7 @@ class RankTrace:
             raise TraceError(f"{self.path}: unreadable trace header ({exc})") from None
 
     def close(self) -> None:
-        self._env.close()
+        _ENVIRONMENTS.release(self.path)
 
     @property
     def finished(self) -> bool:

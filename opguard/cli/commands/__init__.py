@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from . import record, show
+from . import demo, diff, record, show
 from .base import CommandError
 
-ALL = (record, show)
+ALL = (record, show, diff, demo)
 
 __all__ = ["ALL", "CommandError"]

@@ -1,0 +1,73 @@
+"""The ``opguard diff --json`` object (schema ``opguard.diff/1``).
+
+The keys DESIGN.md lists are a promise to scripts: never removed or renamed. More keys may be
+added; everything beyond the contract is documented in README.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..store import OpRecord
+from .diff import RankDiff, RunDiff
+from .divergence import Divergence, TensorDiff
+
+SCHEMA = "opguard.diff/1"
+
+
+def op_ref(op: OpRecord | None) -> dict[str, Any] | None:
+    if op is None:
+        return None
+    return {"index": op.index, "op": op.op, "call_site": op.call_site.to_json(),
+            "phase": op.phase, "step": op.step,
+            **({"source": op.call_site.source_line()} if op.call_site.source_line() else {})}
+
+
+def _tensor_pair(d: TensorDiff) -> dict[str, Any]:
+    return {"slot": d.slot, "a": d.a.to_json() if d.a else None,
+            "b": d.b.to_json() if d.b else None}
+
+
+def divergence_json(div: Divergence) -> dict[str, Any]:
+    return {
+        "rank": div.rank,
+        "step": div.step,
+        "kind": div.kind,
+        "a": op_ref(div.a),
+        "b": op_ref(div.b),
+        "cause": div.cause,
+        "summary": div.summary,
+        "observed": {"a": op_ref(div.observed_a), "b": op_ref(div.observed_b)},
+        "outputs_differ": [_tensor_pair(d) for d in div.outputs],
+        "inputs_differ": [_tensor_pair(d) for d in div.inputs],
+        "arguments_differ": [{"name": d.name, "a": d.a, "b": d.b} for d in div.arguments],
+        "rng_state_differs": div.rng_differs,
+        "chain": [{"a": link.a.index, "b": link.b.index, "op": link.a.op, "slot": link.slot}
+                  for link in div.chain],
+    }
+
+
+def rank_json(r: RankDiff) -> dict[str, Any]:
+    return {
+        "rank": r.rank, "aligned": r.aligned, "unaligned_a": r.only_a, "unaligned_b": r.only_b,
+        "differing": r.differing, "steps_a": r.steps_a, "steps_b": r.steps_b,
+        "unaligned_a_examples": r.unaligned_a, "unaligned_b_examples": r.unaligned_b,
+        "steps": [{"step": s.step, "aligned": s.aligned, "unaligned_a": s.only_a,
+                   "unaligned_b": s.only_b, "differing": s.differing} for s in r.steps],
+        "notes": r.notes,
+    }
+
+
+def to_json(result: RunDiff) -> dict[str, Any]:
+    first = result.first
+    return {
+        "schema": SCHEMA,
+        "verdict": result.verdict,
+        "first_divergence": divergence_json(first) if first is not None else None,
+        "aligned": sum(r.aligned for r in result.ranks),
+        "unaligned_a": sum(r.only_a for r in result.ranks),
+        "unaligned_b": sum(r.only_b for r in result.ranks),
+        "runs": {"a": result.path_a, "b": result.path_b},
+        "ranks": [rank_json(r) for r in result.ranks],
+        "notes": [n for r in result.ranks for n in r.notes],
+    }

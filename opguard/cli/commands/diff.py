@@ -1,0 +1,36 @@
+"""``opguard diff RUN_A RUN_B [--rank K] [--step S] [--json]``: exit 0 identical, 1 diverged."""
+
+from __future__ import annotations
+
+import argparse
+
+from ...analysis import diff_runs
+from ...analysis.contract import to_json
+from ...store import Run
+from .base import print_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "diff", help="name the first op where two runs stop computing the same",
+        description="Aligns two recorded runs and names the first observed difference. "
+        "Exit status: 0 identical, 1 diverged, 2 error.",
+    )
+    p.add_argument("run_a", metavar="RUN_A")
+    p.add_argument("run_b", metavar="RUN_B")
+    p.add_argument("--rank", type=int, help="compare only this rank")
+    p.add_argument("--step", type=int, help="compare only this step")
+    p.add_argument("--json", action="store_true", help="print the opguard.diff/1 JSON object")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    with Run(args.run_a) as run_a, Run(args.run_b) as run_b:
+        result = diff_runs(run_a, run_b, rank=args.rank, step=args.step)
+        if args.json:
+            print_json(to_json(result))
+        else:
+            from ..diff_report import print_diff
+
+            print_diff(result)
+    return 1 if result.first is not None else 0

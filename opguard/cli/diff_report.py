@@ -1,0 +1,94 @@
+"""The human report of ``opguard diff``: verdict, the divergent op in both runs with its
+source line, what differs and how (values and raw bits), and the alignment summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.markup import escape
+
+from ..analysis import Divergence, RunDiff, TensorDiff
+from ..store import OpRecord, TensorRecord
+from .render import console
+
+VALUES_SHOWN = 4
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.8g}"
+    return str(value)
+
+
+def _tensor_line(label: str, t: TensorRecord | None) -> str:
+    if t is None:
+        return f"      {label}: (absent)"
+    text = f"      {label}: {t.describe_shape()} fp {t.fingerprint_text()}"
+    if t.head:
+        values = ", ".join(_num(v) for v in t.values()[:VALUES_SHOWN])
+        bits = " ".join(t.bits()[:VALUES_SHOWN])
+        text += f"\n         values [{values}]  bits [{bits}]"
+    if t.stats is not None and t.stats[0] is not None:
+        mn, mx, mean, absmax, nan, inf = t.stats
+        text += (f"\n         min {_num(mn)} max {_num(mx)} mean {_num(mean)} absmax {_num(absmax)}"
+                 + (f" nan {nan}" if nan else "") + (f" inf {inf}" if inf else ""))
+    return text
+
+
+def _tensor_diffs(title: str, diffs: list[TensorDiff]) -> None:
+    for d in diffs[:3]:
+        console.print(f"    {title} [bold]{escape(d.slot)}[/] differs:")
+        console.print(escape(_tensor_line("A", d.a)))
+        console.print(escape(_tensor_line("B", d.b)))
+    if len(diffs) > 3:
+        console.print(f"    … and {len(diffs) - 3} more {title}s differ")
+
+
+def _op_block(label: str, op: OpRecord | None) -> None:
+    if op is None:
+        console.print(f"  {label}: (no such op in this run)")
+        return
+    site = op.call_site
+    console.print(f"  {label}: #{op.index} [bold]{escape(op.op)}[/] ({op.phase}, step {op.step}) "
+                  f"at {escape(site.file)}:{site.line} in {escape(site.function)}")
+    line = site.source_line()
+    if line:
+        console.print(f"       {site.line} │ {escape(line)}")
+
+
+def print_divergence(div: Divergence) -> None:
+    console.print(f"\n[bold]First observed difference[/] — rank {div.rank}, step {div.step}, "
+                  f"kind: [bold]{div.kind}[/] ({div.cause})")
+    console.print(f"  {escape(div.summary)}")
+    _op_block("A", div.a)
+    _op_block("B", div.b)
+    if (div.a, div.b) != (div.observed_a, div.observed_b):
+        console.print("  first seen at:")
+        _op_block("A", div.observed_a)
+        _op_block("B", div.observed_b)
+    for arg in div.arguments:
+        console.print(f"    argument [bold]{escape(arg.name)}[/]: {escape(repr(arg.a))} (A) vs "
+                      f"{escape(repr(arg.b))} (B)")
+    if div.rng_differs:
+        console.print("    RNG state consumed by the op differs")
+    _tensor_diffs("input", div.inputs)
+    _tensor_diffs("output", div.outputs)
+    if len(div.chain) > 1:
+        hops = " ← ".join(f"#{link.a.index} {link.a.op}[{link.slot}]" for link in div.chain)
+        console.print(f"    producer chain (A): {escape(hops)}")
+
+
+def print_diff(result: RunDiff) -> None:
+    verdict = result.verdict
+    colour = "red" if verdict == "diverged" else "green"
+    console.print(f"[bold {colour}]{verdict.upper()}[/]  A: {escape(result.path_a)}  "
+                  f"B: {escape(result.path_b)}")
+    if result.first is not None:
+        print_divergence(result.first)
+    console.print("\n[bold]Alignment[/]")
+    for r in result.ranks:
+        console.print(f"  rank {r.rank}: {r.aligned} aligned, {r.only_a} only in A, "
+                      f"{r.only_b} only in B, {r.differing} aligned ops differ; "
+                      f"steps A {r.steps_a}, B {r.steps_b}")
+        for note in r.notes:
+            console.print(f"    note: {escape(note)}")
