@@ -44,8 +44,8 @@ py::tuple fingerprint(uintptr_t address, int64_t itemsize, std::vector<int64_t> 
 
 uint64_t hash_buffer(py::buffer buffer) {
   py::buffer_info info = buffer.request();
-  TensorView view{static_cast<const uint8_t*>(info.ptr), 1, {info.size * info.itemsize}, {1},
-                  Kind::Opaque};
+  TensorView view{
+      static_cast<const uint8_t*>(info.ptr), 1, {info.size * info.itemsize}, {1}, Kind::Opaque};
   py::gil_scoped_release release;
   return opguard::fingerprint_cpu(view, 0).hash;
 }

@@ -15,9 +15,10 @@
 // Hashing words rather than elements means a 2-byte dtype costs one mix per four elements.
 #pragma once
 
+#include <math.h>
+
 #include <cstdint>
 #include <cstring>
-#include <math.h>
 
 #if defined(__CUDACC__)
 #define OPG_HD __host__ __device__ __forceinline__
@@ -32,15 +33,15 @@ namespace opguard {
 enum class Kind : int32_t {
   Opaque = 0,  // hashed, no stats (quantized, bit, packed sub-byte dtypes)
   Bool = 1,
-  UInt = 2,    // unsigned integers of itemsize bytes
-  Int = 3,     // signed integers of itemsize bytes
+  UInt = 2,  // unsigned integers of itemsize bytes
+  Int = 3,   // signed integers of itemsize bytes
   Float16 = 4,
   BFloat16 = 5,
   Float32 = 6,
   Float64 = 7,
-  Complex32 = 8,   // two float16
-  Complex64 = 9,   // two float32
-  Complex128 = 10, // two float64
+  Complex32 = 8,    // two float16
+  Complex64 = 9,    // two float32
+  Complex128 = 10,  // two float64
   F8E4M3FN = 11,
   F8E4M3FNUZ = 12,
   F8E5M2 = 13,
@@ -136,10 +137,23 @@ OPG_HD double decode_component(const uint8_t* p, Kind kind, int itemsize, int c)
     }
     case Kind::Int: {
       switch (itemsize) {
-        case 1: return static_cast<double>(static_cast<int8_t>(p[0]));
-        case 2: { int16_t v; memcpy(&v, p, 2); return v; }
-        case 4: { int32_t v; memcpy(&v, p, 4); return v; }
-        default: { int64_t v; memcpy(&v, p, 8); return static_cast<double>(v); }
+        case 1:
+          return static_cast<double>(static_cast<int8_t>(p[0]));
+        case 2: {
+          int16_t v;
+          memcpy(&v, p, 2);
+          return v;
+        }
+        case 4: {
+          int32_t v;
+          memcpy(&v, p, 4);
+          return v;
+        }
+        default: {
+          int64_t v;
+          memcpy(&v, p, 8);
+          return static_cast<double>(v);
+        }
       }
     }
     case Kind::Float16:
@@ -165,10 +179,14 @@ OPG_HD double decode_component(const uint8_t* p, Kind kind, int itemsize, int c)
       memcpy(&d, p + 8 * c, 8);
       return d;
     }
-    case Kind::F8E4M3FN: return minifloat_to_float(p[0], 4, 3, 7, false, false);
-    case Kind::F8E4M3FNUZ: return minifloat_to_float(p[0], 4, 3, 8, true, false);
-    case Kind::F8E5M2: return minifloat_to_float(p[0], 5, 2, 15, false, true);
-    case Kind::F8E5M2FNUZ: return minifloat_to_float(p[0], 5, 2, 16, true, false);
+    case Kind::F8E4M3FN:
+      return minifloat_to_float(p[0], 4, 3, 7, false, false);
+    case Kind::F8E4M3FNUZ:
+      return minifloat_to_float(p[0], 4, 3, 8, true, false);
+    case Kind::F8E5M2:
+      return minifloat_to_float(p[0], 5, 2, 15, false, true);
+    case Kind::F8E5M2FNUZ:
+      return minifloat_to_float(p[0], 5, 2, 16, true, false);
     case Kind::F8E8M0FNU:
       return p[0] == 0xFF ? static_cast<double>(__builtin_nanf("")) : ldexp(1.0, p[0] - 127);
     default:

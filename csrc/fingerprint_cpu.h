@@ -9,8 +9,8 @@
 namespace opguard {
 
 struct TensorView {
-  const uint8_t* data;           // address of the first logical element (storage offset applied)
-  int64_t itemsize;              // bytes per element
+  const uint8_t* data;  // address of the first logical element (storage offset applied)
+  int64_t itemsize;     // bytes per element
   std::vector<int64_t> sizes;
   std::vector<int64_t> strides;  // in elements
   Kind kind;

@@ -288,12 +288,24 @@ def test_hash_buffer_matches_reference(data: bytes) -> None:
 _MAX_VIEW_NUMEL = 16384
 
 
+VIEW_OPS = ["slice", "transpose", "expand", "narrow", "permute", "unfold", "select", "diagonal",
+            "offset"]
+
+
+def _span(draw, n: int) -> tuple[int, int]:
+    """A sub-range [start, stop) of range(n), empty only now and then."""
+    if n == 0 or draw(st.integers(0, 9)) == 3:
+        start = draw(st.integers(0, n))
+        return start, start
+    start = draw(st.integers(0, n - 1))
+    return start, draw(st.integers(start + 1, n))
+
+
 def _views(draw, t: torch.Tensor, steps: list[str]) -> torch.Tensor:
     """Applies up to three random view operations to ``t``."""
     ops = draw(st.lists(
-        st.sampled_from(["transpose", "permute", "slice", "narrow", "expand", "select", "unfold",
-                         "diagonal", "offset"]),
-        max_size=3,
+        st.sampled_from(VIEW_OPS),
+        min_size=1, max_size=3,
     ))
     for op in ops:
         nd = t.dim()
@@ -305,16 +317,13 @@ def _views(draw, t: torch.Tensor, steps: list[str]) -> torch.Tensor:
             t = t.permute(*perm)
         elif op == "slice" and nd >= 1:
             d = draw(st.integers(0, nd - 1))
-            n = t.shape[d]
-            start = draw(st.integers(0, n))
-            stop = draw(st.integers(start, n))
+            start, stop = _span(draw, t.shape[d])
             step = draw(st.integers(1, 4))
             t = t[(slice(None),) * d + (slice(start, stop, step),)]
         elif op == "narrow" and nd >= 1:
             d = draw(st.integers(0, nd - 1))
-            n = t.shape[d]
-            start = draw(st.integers(0, n))
-            t = t.narrow(d, start, draw(st.integers(0, n - start)))
+            start, stop = _span(draw, t.shape[d])
+            t = t.narrow(d, start, stop - start)
         elif op == "expand" and nd <= 4:
             pos = draw(st.integers(0, nd))
             k = draw(st.integers(0, 5))
@@ -333,7 +342,7 @@ def _views(draw, t: torch.Tensor, steps: list[str]) -> torch.Tensor:
         elif op == "unfold" and nd >= 1:
             d = draw(st.integers(0, nd - 1))
             n = t.shape[d]
-            size = draw(st.integers(0, min(n, 5)))
+            size = draw(st.integers(1, min(n, 5))) if n and draw(st.integers(0, 7)) != 3 else 0
             step = draw(st.integers(1, 3))
             u = t.unfold(d, size, step)  # overlapping windows
             if u.numel() > _MAX_VIEW_NUMEL:
@@ -356,9 +365,12 @@ def _views(draw, t: torch.Tensor, steps: list[str]) -> torch.Tensor:
 
 @st.composite
 def tensors_and_views(draw, dtype: torch.dtype):
-    ndim = draw(st.integers(0, 4))
+    ndim = draw(st.sampled_from([0, 1, 1, 2, 2, 2, 3, 3, 4]))
     limit = {0: 1, 1: 4096, 2: 64, 3: 16, 4: 8}[ndim]
-    shape = tuple(draw(st.lists(st.integers(0, limit), min_size=ndim, max_size=ndim)))
+    shape = list(draw(st.lists(st.integers(1, limit), min_size=ndim, max_size=ndim)))
+    if ndim and draw(st.integers(0, 7)) == 3:
+        shape[draw(st.integers(0, ndim - 1))] = 0  # zero-size
+    shape = tuple(shape)
     seed = draw(st.integers(0, 2**32 - 1))
     mode = draw(st.sampled_from(["bits", "values"]))
     base = random_tensor(shape, dtype, seed, mode)
@@ -371,7 +383,7 @@ def tensors_and_views(draw, dtype: torch.dtype):
 def test_views_match_reference_and_contiguous_copy(name: str) -> None:
     dtype = get_dtype(name)
 
-    @settings(max_examples=60, deadline=None, database=None,
+    @settings(max_examples=100, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(tensors_and_views(dtype))
     def check(case) -> None:

@@ -38,8 +38,9 @@ def _align(a: Sequence[LightOp], b: Sequence[LightOp], level: int) -> list[tuple
     prev_i, prev_j = 0, 0
     for i, j in [*matched, (len(a), len(b))]:
         if i > prev_i and j > prev_j:  # a gap on both sides: try looser keys inside it
-            pairs.extend((prev_i + x, prev_j + y)
-                         for x, y in _align(a[prev_i:i], b[prev_j:j], level + 1))
+            pairs.extend(
+                (prev_i + x, prev_j + y) for x, y in _align(a[prev_i:i], b[prev_j:j], level + 1)
+            )
         if i < len(a):
             pairs.append((i, j))
         prev_i, prev_j = i + 1, j + 1

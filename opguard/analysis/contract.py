@@ -18,14 +18,22 @@ SCHEMA = "opguard.diff/1"
 def op_ref(op: OpRecord | None) -> dict[str, Any] | None:
     if op is None:
         return None
-    return {"index": op.index, "op": op.op, "call_site": op.call_site.to_json(),
-            "phase": op.phase, "step": op.step,
-            **({"source": op.call_site.source_line()} if op.call_site.source_line() else {})}
+    return {
+        "index": op.index,
+        "op": op.op,
+        "call_site": op.call_site.to_json(),
+        "phase": op.phase,
+        "step": op.step,
+        **({"source": op.call_site.source_line()} if op.call_site.source_line() else {}),
+    }
 
 
 def _tensor_pair(d: TensorDiff) -> dict[str, Any]:
-    return {"slot": d.slot, "a": d.a.to_json() if d.a else None,
-            "b": d.b.to_json() if d.b else None}
+    return {
+        "slot": d.slot,
+        "a": d.a.to_json() if d.a else None,
+        "b": d.b.to_json() if d.b else None,
+    }
 
 
 def divergence_json(div: Divergence) -> dict[str, Any]:
@@ -42,18 +50,34 @@ def divergence_json(div: Divergence) -> dict[str, Any]:
         "inputs_differ": [_tensor_pair(d) for d in div.inputs],
         "arguments_differ": [{"name": d.name, "a": d.a, "b": d.b} for d in div.arguments],
         "rng_state_differs": div.rng_differs,
-        "chain": [{"a": link.a.index, "b": link.b.index, "op": link.a.op, "slot": link.slot}
-                  for link in div.chain],
+        "chain": [
+            {"a": link.a.index, "b": link.b.index, "op": link.a.op, "slot": link.slot}
+            for link in div.chain
+        ],
     }
 
 
 def rank_json(r: RankDiff) -> dict[str, Any]:
     return {
-        "rank": r.rank, "aligned": r.aligned, "unaligned_a": r.only_a, "unaligned_b": r.only_b,
-        "differing": r.differing, "steps_a": r.steps_a, "steps_b": r.steps_b,
-        "unaligned_a_examples": r.unaligned_a, "unaligned_b_examples": r.unaligned_b,
-        "steps": [{"step": s.step, "aligned": s.aligned, "unaligned_a": s.only_a,
-                   "unaligned_b": s.only_b, "differing": s.differing} for s in r.steps],
+        "rank": r.rank,
+        "aligned": r.aligned,
+        "unaligned_a": r.only_a,
+        "unaligned_b": r.only_b,
+        "differing": r.differing,
+        "steps_a": r.steps_a,
+        "steps_b": r.steps_b,
+        "unaligned_a_examples": r.unaligned_a,
+        "unaligned_b_examples": r.unaligned_b,
+        "steps": [
+            {
+                "step": s.step,
+                "aligned": s.aligned,
+                "unaligned_a": s.only_a,
+                "unaligned_b": s.only_b,
+                "differing": s.differing,
+            }
+            for s in r.steps
+        ],
         "notes": r.notes,
     }
 

@@ -75,10 +75,13 @@ class _StepAlignments:
         self._ranges: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}
         self._cache: OrderedDict[int, dict[int, int]] = OrderedDict()
 
-    def add(self, step: int, ops_a: list[LightOp], ops_b: list[LightOp],
-            pairs: list[tuple[int, int]]) -> None:
-        self._ranges[step] = ((ops_a[0].index, ops_a[-1].index + 1),
-                              (ops_b[0].index, ops_b[-1].index + 1))
+    def add(
+        self, step: int, ops_a: list[LightOp], ops_b: list[LightOp], pairs: list[tuple[int, int]]
+    ) -> None:
+        self._ranges[step] = (
+            (ops_a[0].index, ops_a[-1].index + 1),
+            (ops_b[0].index, ops_b[-1].index + 1),
+        )
         self._cache.pop(step, None)
         self._cache[step] = {ops_a[i].index: ops_b[j].index for i, j in pairs}
         while len(self._cache) > STEP_CACHE:
@@ -122,35 +125,58 @@ def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None
         result.steps_b += 1
         next_a, next_b = next(steps_a, None), next(steps_b, None)
         last_of_a, last_of_b = next_a is None, next_b is None
-        _compare_step(result, sa, ops_a, ops_b, alignments, explainer,
-                      cut_a=last_of_b and not trace_b.finished,
-                      cut_b=last_of_a and not trace_a.finished)
-    for name, rest, gen, counter in (("A", next_a, steps_a, "steps_a"),
-                                     ("B", next_b, steps_b, "steps_b")):
+        _compare_step(
+            result,
+            sa,
+            ops_a,
+            ops_b,
+            alignments,
+            explainer,
+            cut_a=last_of_b and not trace_b.finished,
+            cut_b=last_of_a and not trace_a.finished,
+        )
+    for name, rest, gen, counter in (
+        ("A", next_a, steps_a, "steps_a"),
+        ("B", next_b, steps_b, "steps_b"),
+    ):
         extra = 0
         while rest is not None:
             extra += 1
             rest = next(gen, None)
         if extra:
             other = "B" if name == "A" else "A"
-            result.notes.append(f"run {name} has {extra} more step(s) than run {other}; "
-                                f"compared the first {getattr(result, counter)}")
+            result.notes.append(
+                f"run {name} has {extra} more step(s) than run {other}; "
+                f"compared the first {getattr(result, counter)}"
+            )
             setattr(result, counter, getattr(result, counter) + extra)
     for name, trace in (("A", trace_a), ("B", trace_b)):
         if not trace.finished:
-            result.notes.append(f"run {name} did not finish (killed, crashed or still recording): "
-                                f"compared up to its last recorded op")
+            result.notes.append(
+                f"run {name} did not finish (killed, crashed or still recording): "
+                f"compared up to its last recorded op"
+            )
         if trace.failure:
-            result.notes.append(f"run {name}: recording stopped at op {trace.failure['at_op']}: "
-                                f"{trace.failure['error']}")
+            result.notes.append(
+                f"run {name}: recording stopped at op {trace.failure['at_op']}: "
+                f"{trace.failure['error']}"
+            )
         if trace.damage:
             result.notes.append(f"run {name}: {trace.damage}")
     return result
 
 
-def _compare_step(result: RankDiff, step: int, ops_a: list[LightOp], ops_b: list[LightOp],
-                  alignments: _StepAlignments, explainer: Explainer, *, cut_a: bool,
-                  cut_b: bool) -> None:
+def _compare_step(
+    result: RankDiff,
+    step: int,
+    ops_a: list[LightOp],
+    ops_b: list[LightOp],
+    alignments: _StepAlignments,
+    explainer: Explainer,
+    *,
+    cut_a: bool,
+    cut_b: bool,
+) -> None:
     """Aligns one step and counts it; ``cut_a``/``cut_b``: the other run ended inside this
     step, so this side's ops after the last aligned pair were never reached there."""
     pairs = align(ops_a, ops_b)
@@ -165,8 +191,9 @@ def _compare_step(result: RankDiff, step: int, ops_a: list[LightOp], ops_b: list
             if ops_a[i].outputs != ops_b[j].outputs:
                 summary.differing += 1
                 if result.first is None:
-                    result.first = explainer.explain(explainer.trace_a.op(ops_a[i].index),
-                                                     explainer.trace_b.op(ops_b[j].index))
+                    result.first = explainer.explain(
+                        explainer.trace_a.op(ops_a[i].index), explainer.trace_b.op(ops_b[j].index)
+                    )
         elif i is not None:
             if cut_a and i > end_a:
                 continue
@@ -206,8 +233,9 @@ class RunDiff:
         return "diverged" if self.first is not None else "identical"
 
 
-def diff_runs(run_a: Run, run_b: Run, *, rank: int | None = None,
-              step: int | None = None) -> RunDiff:
+def diff_runs(
+    run_a: Run, run_b: Run, *, rank: int | None = None, step: int | None = None
+) -> RunDiff:
     if rank is not None:
         ranks = [rank]
     else:

@@ -81,15 +81,19 @@ def _content(t: TensorRecord) -> tuple[Any, ...]:
 
 def differing_arguments(a: OpRecord, b: OpRecord) -> list[ArgumentDiff]:
     da, db = dict(a.args), dict(b.args)
-    return [ArgumentDiff(name, da.get(name), db.get(name))
-            for name in [*da, *(n for n in db if n not in da)] if da.get(name) != db.get(name)]
+    return [
+        ArgumentDiff(name, da.get(name), db.get(name))
+        for name in [*da, *(n for n in db if n not in da)]
+        if da.get(name) != db.get(name)
+    ]
 
 
 class Explainer:
     """Explains the first differing aligned pair, given both traces and the alignment."""
 
-    def __init__(self, trace_a: RankTrace, trace_b: RankTrace,
-                 aligned_b_of: Callable[[int], int | None]) -> None:
+    def __init__(
+        self, trace_a: RankTrace, trace_b: RankTrace, aligned_b_of: Callable[[int], int | None]
+    ) -> None:
         self.trace_a = trace_a
         self.trace_b = trace_b
         self.aligned_b_of = aligned_b_of  # A op index -> its aligned B op index, or None
@@ -98,9 +102,18 @@ class Explainer:
         outputs = differing_tensors(op_a.outputs, op_b.outputs)
         first = self._assess(op_a, op_b)
         div = Divergence(
-            rank=self.trace_a.rank, step=op_a.step, kind="", cause="", a=op_a, b=op_b,
-            observed_a=op_a, observed_b=op_b, outputs=outputs, inputs=first[0],
-            arguments=first[1], rng_differs=first[2],
+            rank=self.trace_a.rank,
+            step=op_a.step,
+            kind="",
+            cause="",
+            a=op_a,
+            b=op_b,
+            observed_a=op_a,
+            observed_b=op_b,
+            outputs=outputs,
+            inputs=first[0],
+            arguments=first[1],
+            rng_differs=first[2],
         )
         if not div.inputs:
             div.kind = "argument" if div.arguments or div.rng_differs else "origin"
@@ -110,7 +123,9 @@ class Explainer:
         div.summary = summarise(div)
         return div
 
-    def _assess(self, a: OpRecord, b: OpRecord) -> tuple[list[TensorDiff], list[ArgumentDiff], bool]:
+    def _assess(
+        self, a: OpRecord, b: OpRecord
+    ) -> tuple[list[TensorDiff], list[ArgumentDiff], bool]:
         return differing_tensors(a.inputs, b.inputs), differing_arguments(a, b), a.rng != b.rng
 
     def _follow(self, div: Divergence) -> None:
@@ -128,8 +143,12 @@ class Explainer:
             if pa is not None and pb is not None and self.aligned_b_of(pa[0]) == pb[0]:
                 prod_a, prod_b = self.trace_a.op(pa[0]), self.trace_b.op(pb[0])
                 out_a, out_b = _output(prod_a, pa[1]), _output(prod_b, pb[1])
-                if out_a is not None and out_b is not None and not (out_a.is_view or out_b.is_view) \
-                        and _content(out_a) == _content(out_b):
+                if (
+                    out_a is not None
+                    and out_b is not None
+                    and not (out_a.is_view or out_b.is_view)
+                    and _content(out_a) == _content(out_b)
+                ):
                     div.cause = "unrecorded-write"  # equal when written, different when read
                     return
                 inputs, arguments, rng = self._assess(prod_a, prod_b)
@@ -143,15 +162,26 @@ class Explainer:
                 op_a, op_b = prod_a, prod_b
                 continue
             div.kind = "structure"
-            cause_a = self.trace_a.op(pa[0]) if pa is not None and \
-                (pb is None or self.aligned_b_of(pa[0]) != pb[0]) else None
+            cause_a = (
+                self.trace_a.op(pa[0])
+                if pa is not None and (pb is None or self.aligned_b_of(pa[0]) != pb[0])
+                else None
+            )
             cause_b = self.trace_b.op(pb[0]) if pb is not None else None
-            if cause_a is not None and cause_b is not None and \
-                    self.aligned_b_of(cause_a.index) is not None:
+            if (
+                cause_a is not None
+                and cause_b is not None
+                and self.aligned_b_of(cause_a.index) is not None
+            ):
                 cause_a = None  # A's producer has a partner; B's extra op made the difference
             div.a, div.b = cause_a, cause_b
-            div.cause = ("replaced" if cause_a is not None and cause_b is not None
-                         else "removed" if cause_a is not None else "inserted")
+            div.cause = (
+                "replaced"
+                if cause_a is not None and cause_b is not None
+                else "removed"
+                if cause_a is not None
+                else "inserted"
+            )
             return
         div.cause = "leaf"
 
@@ -169,27 +199,41 @@ def summarise(div: Divergence) -> str:
     obs = div.observed_a
     where = f"{obs.op} at {obs.call_site.short()}"
     if div.cause == "origin":
-        return (f"{where} produced different outputs from identical inputs and arguments "
-                "(nondeterministic kernel, race, different kernel or hardware fault)")
+        return (
+            f"{where} produced different outputs from identical inputs and arguments "
+            "(nondeterministic kernel, race, different kernel or hardware fault)"
+        )
     if div.cause == "argument":
-        shown = ", ".join(f"{d.name}: {_fmt(d.a)} (A) vs {_fmt(d.b)} (B)" for d in div.arguments[:3])
+        shown = ", ".join(
+            f"{d.name}: {_fmt(d.a)} (A) vs {_fmt(d.b)} (B)" for d in div.arguments[:3]
+        )
         return f"{div.a.op if div.a else obs.op}: argument {shown}"
     if div.cause == "rng":
         return f"random op {where} consumed a different RNG state (seed or generator changed)"
     if div.cause == "leaf":
         slot = div.chain[-1].slot if div.chain else "?"
         last = div.chain[-1].a if div.chain else obs
-        return (f"input '{slot}' of {last.op} at {last.call_site.short()} differs and no recorded "
-                "op produced it (data, parameters, or a tensor made before recording)")
+        return (
+            f"input '{slot}' of {last.op} at {last.call_site.short()} differs and no recorded "
+            "op produced it (data, parameters, or a tensor made before recording)"
+        )
     if div.cause == "unrecorded-write":
         link = div.chain[-1]
-        return (f"input '{link.slot}' of {link.a.op} at {link.a.call_site.short()} was equal when "
-                "produced and differs when read: changed by code OpGuard did not record")
+        return (
+            f"input '{link.slot}' of {link.a.op} at {link.a.call_site.short()} was equal when "
+            "produced and differs when read: changed by code OpGuard did not record"
+        )
     if div.cause == "inserted" and div.b is not None:
-        return f"{div.b.op} only in run B ({div.b.call_site.short()}) feeds the divergence at {where}"
+        return (
+            f"{div.b.op} only in run B ({div.b.call_site.short()}) feeds the divergence at {where}"
+        )
     if div.cause == "removed" and div.a is not None:
-        return f"{div.a.op} only in run A ({div.a.call_site.short()}) feeds the divergence at {where}"
+        return (
+            f"{div.a.op} only in run A ({div.a.call_site.short()}) feeds the divergence at {where}"
+        )
     if div.cause == "replaced" and div.a is not None and div.b is not None:
-        return (f"{div.a.op} in run A ({div.a.call_site.short()}) was replaced by {div.b.op} in "
-                f"run B ({div.b.call_site.short()}); it feeds the divergence at {where}")
+        return (
+            f"{div.a.op} in run A ({div.a.call_site.short()}) was replaced by {div.b.op} in "
+            f"run B ({div.b.call_site.short()}); it feeds the divergence at {where}"
+        )
     return f"outputs of {where} differ"

@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..store import RankTrace
-from ..store import schema
+from ..store import RankTrace, schema
 
 # Alignment passes, strictest first: op, phase, call site (file, function, line) and input
 # signature; then op, phase and input signature (the code moved or was edited); then op and

@@ -55,8 +55,15 @@ def _myers(a: Sequence[int], b: Sequence[int], max_edits: int) -> list[tuple[int
     raise TooManyEdits(f"more than {max_edits} edits")
 
 
-def _backtrack(trace: list[list[int]], a: Sequence[int], b: Sequence[int], d_end: int,
-               k_end: int, offset: int, v_last: list[int]) -> list[tuple[int, int]]:
+def _backtrack(
+    trace: list[list[int]],
+    a: Sequence[int],
+    b: Sequence[int],
+    d_end: int,
+    k_end: int,
+    offset: int,
+    v_last: list[int],
+) -> list[tuple[int, int]]:
     """Walks the saved frontiers back from the end, collecting the diagonal (matching) runs."""
     pairs: list[tuple[int, int]] = []
     x, y = len(a), len(b)

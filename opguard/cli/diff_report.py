@@ -30,8 +30,11 @@ def _tensor_line(label: str, t: TensorRecord | None) -> str:
         text += f"\n         values [{values}]  bits [{bits}]"
     if t.stats is not None and t.stats[0] is not None:
         mn, mx, mean, absmax, nan, inf = t.stats
-        text += (f"\n         min {_num(mn)} max {_num(mx)} mean {_num(mean)} absmax {_num(absmax)}"
-                 + (f" nan {nan}" if nan else "") + (f" inf {inf}" if inf else ""))
+        text += (
+            f"\n         min {_num(mn)} max {_num(mx)} mean {_num(mean)} absmax {_num(absmax)}"
+            + (f" nan {nan}" if nan else "")
+            + (f" inf {inf}" if inf else "")
+        )
     return text
 
 
@@ -49,16 +52,20 @@ def _op_block(label: str, op: OpRecord | None) -> None:
         console.print(f"  {label}: (no such op in this run)")
         return
     site = op.call_site
-    console.print(f"  {label}: #{op.index} [bold]{escape(op.op)}[/] ({op.phase}, step {op.step}) "
-                  f"at {escape(site.file)}:{site.line} in {escape(site.function)}")
+    console.print(
+        f"  {label}: #{op.index} [bold]{escape(op.op)}[/] ({op.phase}, step {op.step}) "
+        f"at {escape(site.file)}:{site.line} in {escape(site.function)}"
+    )
     line = site.source_line()
     if line:
         console.print(f"       {site.line} │ {escape(line)}")
 
 
 def print_divergence(div: Divergence) -> None:
-    console.print(f"\n[bold]First observed difference[/] — rank {div.rank}, step {div.step}, "
-                  f"kind: [bold]{div.kind}[/] ({div.cause})")
+    console.print(
+        f"\n[bold]First observed difference[/] — rank {div.rank}, step {div.step}, "
+        f"kind: [bold]{div.kind}[/] ({div.cause})"
+    )
     console.print(f"  {escape(div.summary)}")
     _op_block("A", div.a)
     _op_block("B", div.b)
@@ -67,8 +74,10 @@ def print_divergence(div: Divergence) -> None:
         _op_block("A", div.observed_a)
         _op_block("B", div.observed_b)
     for arg in div.arguments:
-        console.print(f"    argument [bold]{escape(arg.name)}[/]: {escape(repr(arg.a))} (A) vs "
-                      f"{escape(repr(arg.b))} (B)")
+        console.print(
+            f"    argument [bold]{escape(arg.name)}[/]: {escape(repr(arg.a))} (A) vs "
+            f"{escape(repr(arg.b))} (B)"
+        )
     if div.rng_differs:
         console.print("    RNG state consumed by the op differs")
     _tensor_diffs("input", div.inputs)
@@ -81,14 +90,18 @@ def print_divergence(div: Divergence) -> None:
 def print_diff(result: RunDiff) -> None:
     verdict = result.verdict
     colour = "red" if verdict == "diverged" else "green"
-    console.print(f"[bold {colour}]{verdict.upper()}[/]  A: {escape(result.path_a)}  "
-                  f"B: {escape(result.path_b)}")
+    console.print(
+        f"[bold {colour}]{verdict.upper()}[/]  A: {escape(result.path_a)}  "
+        f"B: {escape(result.path_b)}"
+    )
     if result.first is not None:
         print_divergence(result.first)
     console.print("\n[bold]Alignment[/]")
     for r in result.ranks:
-        console.print(f"  rank {r.rank}: {r.aligned} aligned, {r.only_a} only in A, "
-                      f"{r.only_b} only in B, {r.differing} aligned ops differ; "
-                      f"steps A {r.steps_a}, B {r.steps_b}")
+        console.print(
+            f"  rank {r.rank}: {r.aligned} aligned, {r.only_a} only in A, "
+            f"{r.only_b} only in B, {r.differing} aligned ops differ; "
+            f"steps A {r.steps_a}, B {r.steps_b}"
+        )
         for note in r.notes:
             console.print(f"    note: {escape(note)}")

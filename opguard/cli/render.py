@@ -22,11 +22,15 @@ def _when(timestamp: float | None) -> str:
 
 def print_run_summary(path: str, meta: dict[str, Any], ranks: Sequence[dict[str, Any]]) -> None:
     status = meta.get("status", "unknown")
-    console.print(f"[bold]{path}[/]  status: [bold]{status}[/]"
-                  + (f"  exit code {meta['exit_code']}" if "exit_code" in meta else ""))
+    console.print(
+        f"[bold]{path}[/]  status: [bold]{status}[/]"
+        + (f"  exit code {meta['exit_code']}" if "exit_code" in meta else "")
+    )
     console.print(f"  command: {' '.join(meta.get('command', []))}")
-    console.print(f"  torch {meta.get('torch')}  python {meta.get('python')}  "
-                  f"cuda {meta.get('cuda') or '-'}  host {meta.get('host')}")
+    console.print(
+        f"  torch {meta.get('torch')}  python {meta.get('python')}  "
+        f"cuda {meta.get('cuda') or '-'}  host {meta.get('host')}"
+    )
     console.print(f"  devices: {', '.join(meta.get('devices', []))}")
     console.print(f"  started {_when(meta.get('started'))}  ended {_when(meta.get('ended'))}")
     if meta.get("stopped"):
@@ -35,8 +39,12 @@ def print_run_summary(path: str, meta: dict[str, Any], ranks: Sequence[dict[str,
         console.print(f"  script error: {meta['error']}")
     for r in ranks:
         phases = ", ".join(f"{k} {v}" for k, v in sorted(r["phases"].items()))
-        state = "finished" if r["finished"] else "[yellow]did not finish (killed or still recording)[/]"
-        console.print(f"  rank {r['rank']}: {r['ops']} ops in {r['steps']} step(s) ({phases}); {state}")
+        state = (
+            "finished" if r["finished"] else "[yellow]did not finish (killed or still recording)[/]"
+        )
+        console.print(
+            f"  rank {r['rank']}: {r['ops']} ops in {r['steps']} step(s) ({phases}); {state}"
+        )
         if "recorder_failure" in r:
             f = r["recorder_failure"]
             console.print(f"    [red]recording stopped at op {f['at_op']}: {f['error']}[/]")
@@ -50,7 +58,11 @@ def print_op_table(ops: Sequence[OpRecord], title: str) -> None:
         table.add_column(name, overflow="fold")
     for op in ops:
         table.add_row(
-            str(op.index), str(op.step), op.phase, op.op, op.call_site.short(),
+            str(op.index),
+            str(op.step),
+            op.phase,
+            op.op,
+            op.call_site.short(),
             "\n".join(f"{t.slot}: {t.describe_shape()}" for t in op.inputs),
             "\n".join(f"{t.describe_shape()} {t.fingerprint_text()}" for t in op.outputs),
         )

@@ -86,7 +86,9 @@ def main() -> None:
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
         optimizer.zero_grad()
         loss.backward()
-        grad_norm = torch.norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+        grad_norm = torch.norm(
+            torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None])
+        )
         optimizer.step()
         print(f"step {step}  loss {loss.item():.9f}  grad norm {grad_norm.item():.4f}")
 

@@ -23,8 +23,13 @@ def _library_roots() -> tuple[str, ...]:
     """Code that is never the user's: torch, the standard library, OpGuard itself and the
     interpreter's console-script wrappers (``bin/opguard``)."""
     paths = sysconfig.get_paths()
-    roots = {os.path.dirname(torch.__file__), _OPGUARD_ROOT, paths["stdlib"],
-             paths["platstdlib"], paths["scripts"]}
+    roots = {
+        os.path.dirname(torch.__file__),
+        _OPGUARD_ROOT,
+        paths["stdlib"],
+        paths["platstdlib"],
+        paths["scripts"],
+    }
     return tuple(os.path.realpath(r) + os.sep for r in roots)
 
 
@@ -58,7 +63,7 @@ class CallSites:
 
     def capture(self, frame: FrameType | None = None) -> tuple[int, int] | None:
         """(call-site id, stack id) of the current Python stack, or None if no user frame."""
-        f = frame if frame is not None else sys._getframe(1)
+        f: FrameType | None = frame if frame is not None else sys._getframe(1)
         sites: list[int] = []
         while f is not None:
             code = f.f_code

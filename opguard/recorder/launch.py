@@ -34,12 +34,14 @@ def exit_code_of(exc: SystemExit) -> int:
     return 1
 
 
-def run_recorded(target: Target, run_dir: Path, *, steps: int | None, overwrite: bool,
-                 command: list[str]) -> int:
+def run_recorded(
+    target: Target, run_dir: Path, *, steps: int | None, overwrite: bool, command: list[str]
+) -> int:
     """Runs ``target`` to its end (or to step ``steps``) while recording; returns the exit
     status the script itself would have had."""
-    session = RecordingSession(run_dir, steps=steps, exit_after_steps=True, overwrite=overwrite,
-                               command=command)
+    session = RecordingSession(
+        run_dir, steps=steps, exit_after_steps=True, overwrite=overwrite, command=command
+    )
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [target.path, *target.args]
     if not target.is_module:

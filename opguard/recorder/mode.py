@@ -8,6 +8,7 @@ the trace.
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 import weakref
 from collections.abc import Callable
@@ -39,8 +40,9 @@ class _Known:
 
     __slots__ = ("fields", "index", "ref", "slot", "version")
 
-    def __init__(self, ref: weakref.ref, index: int | None, slot: int, version: int,
-                 fields: Fields | None) -> None:
+    def __init__(
+        self, ref: weakref.ref, index: int | None, slot: int, version: int, fields: Fields | None
+    ) -> None:
         self.ref = ref
         self.index = index
         self.slot = slot
@@ -57,8 +59,9 @@ class StepState:
 
 
 class OpRecorder(TorchDispatchMode):
-    def __init__(self, writer: Any, steps: StepState,
-                 on_failure: Callable[[int, BaseException], None]) -> None:
+    def __init__(
+        self, writer: Any, steps: StepState, on_failure: Callable[[int, BaseException], None]
+    ) -> None:
         super().__init__()
         self._writer = writer
         self._steps = steps
@@ -75,8 +78,9 @@ class OpRecorder(TorchDispatchMode):
 
     # -- dispatch -------------------------------------------------------------------------
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         if kwargs is None:
             kwargs = {}
         if not self.active or func.namespace in UNRECORDED_NAMESPACES:
@@ -125,8 +129,15 @@ class OpRecorder(TorchDispatchMode):
         rng = self._rng_state(kwargs.get("generator")) if info.is_random else None
         return info, inputs, written, arguments, rng
 
-    def _classify(self, info: OpInfo, name: str, value: Any, inputs: list[Fields],
-                  written: list[tuple[str, torch.Tensor]], arguments: list[list[Any]]) -> None:
+    def _classify(
+        self,
+        info: OpInfo,
+        name: str,
+        value: Any,
+        inputs: list[Fields],
+        written: list[tuple[str, torch.Tensor]],
+        arguments: list[list[Any]],
+    ) -> None:
         if isinstance(value, torch.Tensor):
             if name in info.written_args:
                 written.append((name, value))
@@ -146,8 +157,12 @@ class OpRecorder(TorchDispatchMode):
     def _input_entry(self, slot: str, tensor: torch.Tensor) -> Fields:
         entry = describe(tensor, slot)
         known = self._known.get(id(tensor))
-        if (known is not None and known.ref() is tensor and known.version >= 0
-                and known.version == _version_of(tensor)):
+        if (
+            known is not None
+            and known.ref() is tensor
+            and known.version >= 0
+            and known.version == _version_of(tensor)
+        ):
             if known.fields is None:
                 known.fields = fingerprint_fields(tensor)
             entry.update(known.fields)
@@ -204,7 +219,11 @@ class OpRecorder(TorchDispatchMode):
                 self._output(index, info, slot, tensor, inputs, outputs, True)
                 seen.add(id(tensor))
         record: dict[str, Any] = {
-            "i": index, "o": info.name_id, "s": self._steps.step, "x": inputs, "y": outputs,
+            "i": index,
+            "o": info.name_id,
+            "s": self._steps.step,
+            "x": inputs,
+            "y": outputs,
         }
         self._locate(index, record)
         if arguments:
@@ -215,8 +234,16 @@ class OpRecorder(TorchDispatchMode):
             record["v"] = encode(out)  # a returned scalar, e.g. the value of .item()
         self._writer.append(index, record)
 
-    def _output(self, index: int, info: OpInfo, slot: str, tensor: torch.Tensor,
-                inputs: list[Fields], outputs: list[Fields], was_written: bool) -> None:
+    def _output(
+        self,
+        index: int,
+        info: OpInfo,
+        slot: str,
+        tensor: torch.Tensor,
+        inputs: list[Fields],
+        outputs: list[Fields],
+        was_written: bool,
+    ) -> None:
         entry = describe(tensor, slot)
         fields: Fields | None
         if info.uninitialized_output:
@@ -237,13 +264,12 @@ class OpRecorder(TorchDispatchMode):
         if was_written:
             self._unsettled.append((tensor, known))
         if not info.is_view:
-            try:
+            with contextlib.suppress(RuntimeError):
                 self._last_writer[tensor.untyped_storage().data_ptr()] = known
-            except RuntimeError:
-                pass
 
-    def _remember(self, tensor: torch.Tensor, index: int | None, slot: int,
-                  fields: Fields | None) -> _Known:
+    def _remember(
+        self, tensor: torch.Tensor, index: int | None, slot: int, fields: Fields | None
+    ) -> _Known:
         key = id(tensor)
         known = self._known
 
@@ -252,8 +278,9 @@ class OpRecorder(TorchDispatchMode):
             if entry is not None and entry.ref is ref:
                 del known[key]
 
-        entry = known[key] = _Known(weakref.ref(tensor, forget), index, slot,
-                                    _version_of(tensor), fields)
+        entry = known[key] = _Known(
+            weakref.ref(tensor, forget), index, slot, _version_of(tensor), fields
+        )
         return entry
 
     def _locate(self, index: int, record: dict[str, Any]) -> None:
@@ -270,15 +297,21 @@ class OpRecorder(TorchDispatchMode):
             located = self._sites.capture()
         else:
             steps = self._steps
-            record["p"] = _OPTIMIZER if steps.in_optimizer else (
-                _FORWARD if torch.is_grad_enabled() else _OTHER)
+            record["p"] = (
+                _OPTIMIZER
+                if steps.in_optimizer
+                else (_FORWARD if torch.is_grad_enabled() else _OTHER)
+            )
             located = self._sites.capture()
             sequence_nr = torch._C._autograd._get_sequence_nr()
             if sequence_nr != self._last_sequence_nr:
                 # The first op after the counter moved is the one whose autograd node took it.
                 self._last_sequence_nr = sequence_nr
                 self._forward_sites[sequence_nr - 1] = (
-                    index, located[0] if located else None, located[1] if located else None)
+                    index,
+                    located[0] if located else None,
+                    located[1] if located else None,
+                )
         if located is not None:
             record["c"], record["k"] = located
 
@@ -301,8 +334,11 @@ def _returned_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
             if isinstance(value, torch.Tensor):
                 found.append((str(position), value))
             elif isinstance(value, (tuple, list)):
-                found.extend((f"{position}[{k}]", item) for k, item in enumerate(value)
-                             if isinstance(item, torch.Tensor))
+                found.extend(
+                    (f"{position}[{k}]", item)
+                    for k, item in enumerate(value)
+                    if isinstance(item, torch.Tensor)
+                )
     return found
 
 

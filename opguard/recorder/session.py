@@ -40,7 +40,9 @@ def prepare_run_dir(path: Path, overwrite: bool) -> None:
         raise TraceError(f"{path}: exists and is not a directory")
     if path.exists() and any(path.iterdir()):
         if not overwrite:
-            raise TraceError(f"{path}: output directory is not empty (use --overwrite to replace a run)")
+            raise TraceError(
+                f"{path}: output directory is not empty (use --overwrite to replace a run)"
+            )
         if not (path / schema.META_FILE).exists():
             raise TraceError(f"{path}: not an OpGuard run, refusing to overwrite it")
         shutil.rmtree(path)
@@ -56,17 +58,25 @@ def prepare_run_dir(path: Path, overwrite: bool) -> None:
 def _devices() -> list[str]:
     devices = [f"cpu: {platform.processor() or platform.machine()}"]
     if torch.cuda.is_available():
-        devices += [f"cuda:{i}: {torch.cuda.get_device_name(i)}"
-                    for i in range(torch.cuda.device_count())]
+        devices += [
+            f"cuda:{i}: {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())
+        ]
     return devices
 
 
 class RecordingSession:
     """Records every op of this process into ``run_dir/rank-K`` until :meth:`close`."""
 
-    def __init__(self, run_dir: str | Path, *, steps: int | None = None,
-                 exit_after_steps: bool = False, overwrite: bool = False,
-                 command: list[str] | None = None, rank: int | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        steps: int | None = None,
+        exit_after_steps: bool = False,
+        overwrite: bool = False,
+        command: list[str] | None = None,
+        rank: int | None = None,
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
         self.steps_limit = steps
@@ -103,8 +113,9 @@ class RecordingSession:
         _active = self
         return self
 
-    def close(self, status: str = "finished", exit_code: int | None = None,
-              error: str | None = None) -> None:
+    def close(
+        self, status: str = "finished", exit_code: int | None = None, error: str | None = None
+    ) -> None:
         global _active
         if self._recorder is None:
             return
@@ -115,14 +126,24 @@ class RecordingSession:
         _active = None
         if self._stopped_reason is not None and status == "finished":
             status = "stopped"
-        end = {"status": status, "ops": recorder.next_index, "steps": self.state.step,
-               "exit_code": exit_code, "error": error, "stopped": self._stopped_reason}
+        end = {
+            "status": status,
+            "ops": recorder.next_index,
+            "steps": self.state.step,
+            "exit_code": exit_code,
+            "error": error,
+            "stopped": self._stopped_reason,
+        }
         write_error = self.writer.close(end)
         if write_error is not None and self.failure is None:
             self.failure = failure_info(recorder.next_index, write_error)
         if self.rank == 0:
-            self.meta = {**read_meta(self.run_dir), **end, "ended": time.time(),
-                         "recorder_failure": self.failure and self.failure["error"]}
+            self.meta = {
+                **read_meta(self.run_dir),
+                **end,
+                "ended": time.time(),
+                "recorder_failure": self.failure and self.failure["error"],
+            }
             write_meta(self.run_dir, self.meta)
 
     def __enter__(self) -> RecordingSession:
@@ -162,8 +183,11 @@ class RecordingSession:
     def _on_failure(self, index: int, exc: BaseException) -> None:
         self.failure = failure_info(index, exc)
         self.writer.put_info("failure", self.failure)
-        print(f"opguard: recording stopped at op {index}: {self.failure['error']} "
-              "(training continues unrecorded)", file=sys.stderr)
+        print(
+            f"opguard: recording stopped at op {index}: {self.failure['error']} "
+            "(training continues unrecorded)",
+            file=sys.stderr,
+        )
 
     # -- metadata -------------------------------------------------------------------------
 
@@ -189,8 +213,9 @@ class RecordingSession:
         }
 
 
-def record(run_dir: str | Path, *, steps: int | None = None,
-           overwrite: bool = False) -> RecordingSession:
+def record(
+    run_dir: str | Path, *, steps: int | None = None, overwrite: bool = False
+) -> RecordingSession:
     """Records every op run inside the ``with`` block into ``run_dir``.
 
     ``steps`` stops recording (not the training) after that many optimizer steps.

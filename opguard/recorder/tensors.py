@@ -37,8 +37,10 @@ def describe(tensor: torch.Tensor, slot: str) -> dict[str, Any]:
 def is_readable(tensor: torch.Tensor) -> bool:
     """Plain strided tensors with real storage on the CPU (CUDA joins with the GPU path)."""
     return (
-        type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter
-    ) and tensor.layout == torch.strided and tensor.device.type == "cpu"
+        (type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter)
+        and tensor.layout == torch.strided
+        and tensor.device.type == "cpu"
+    )
 
 
 def fingerprint_fields(tensor: torch.Tensor) -> dict[str, Any]:
@@ -57,4 +59,6 @@ def fingerprint_fields(tensor: torch.Tensor) -> dict[str, Any]:
 
 def content_hash(tensor: torch.Tensor) -> int:
     """Fingerprint of a contiguous CPU tensor's bytes (used for RNG states)."""
-    return int(_C.fingerprint(tensor.data_ptr(), tensor.numel() * tensor.itemsize, [1], [1], 0, 0)[0])
+    return int(
+        _C.fingerprint(tensor.data_ptr(), tensor.numel() * tensor.itemsize, [1], [1], 0, 0)[0]
+    )

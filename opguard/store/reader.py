@@ -23,7 +23,7 @@ from .meta import read_meta
 from .records import UNKNOWN_SITE, CallSite, OpRecord, TensorRecord
 
 
-def _unpack(raw: bytes) -> Any:
+def _unpack(raw: bytes | memoryview) -> Any:
     return msgpack.unpackb(raw, raw=False, strict_map_key=False)
 
 
@@ -40,8 +40,14 @@ class _Environments:
         if env is None:
             if not (path / "data.mdb").is_file():
                 raise lmdb.Error("no data.mdb")
-            env = lmdb.open(str(path), readonly=True, lock=_can_lock(path),
-                            max_dbs=len(schema.DB_NAMES), readahead=False, create=False)
+            env = lmdb.open(
+                str(path),
+                readonly=True,
+                lock=_can_lock(path),
+                max_dbs=len(schema.DB_NAMES),
+                readahead=False,
+                create=False,
+            )
         self._open[key] = (env, count + 1)
         return env
 
@@ -67,8 +73,9 @@ class RankTrace:
         self.damage: str | None = None  # set when reading stopped at a damaged record
         try:
             self._env = _ENVIRONMENTS.acquire(path)
-            self._dbs = {name: self._env.open_db(name.encode(), create=False)
-                         for name in schema.DB_NAMES}
+            self._dbs = {
+                name: self._env.open_db(name.encode(), create=False) for name in schema.DB_NAMES
+            }
         except lmdb.Error as exc:
             raise TraceError(f"{path}: not a readable OpGuard trace ({exc})") from None
         self.info = self._read_info()
@@ -200,9 +207,9 @@ class Run:
             raise TraceError(f"{self.path}: not a directory (expected an OpGuard run directory)")
         self.meta = read_meta(self.path)
         self.ranks = sorted(
-            int(p.name[len(schema.RANK_DIR_PREFIX):])
+            int(p.name[len(schema.RANK_DIR_PREFIX) :])
             for p in self.path.glob(f"{schema.RANK_DIR_PREFIX}*")
-            if p.name[len(schema.RANK_DIR_PREFIX):].isdigit()
+            if p.name[len(schema.RANK_DIR_PREFIX) :].isdigit()
         )
         self._traces: dict[int, RankTrace] = {}
 

@@ -101,13 +101,19 @@ class TensorRecord:
         return f"{self.hash:016x}" if self.hash is not None else "unread"
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"slot": self.slot, "dtype": self.dtype, "shape": list(self.shape),
-                               "fingerprint": self.fingerprint_text()}
+        out: dict[str, Any] = {
+            "slot": self.slot,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "fingerprint": self.fingerprint_text(),
+        }
         if self.head:
             out["values"] = [_json_number(v) for v in self.values()]
             out["bits"] = self.bits()
         if self.stats is not None:
-            out["stats"] = dict(zip(STAT_NAMES, (_json_number(v) for v in self.stats), strict=False))
+            out["stats"] = dict(
+                zip(STAT_NAMES, (_json_number(v) for v in self.stats), strict=False)
+            )
         if self.producer is not None:
             out["producer"] = list(self.producer)
         return out
@@ -154,7 +160,10 @@ class OpRecord:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "index": self.index, "op": self.op, "step": self.step, "phase": self.phase,
+            "index": self.index,
+            "op": self.op,
+            "step": self.step,
+            "phase": self.phase,
             "call_site": self.call_site.to_json(),
             "inputs": [t.to_json() for t in self.inputs],
             "outputs": [t.to_json() for t in self.outputs],

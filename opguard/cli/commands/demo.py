@@ -18,10 +18,17 @@ SCRIPTS = (("baseline", "train_baseline.py"), ("refactored", "train_refactored.p
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="record the bundled example pair on the CPU and diff it",
-                       description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--dir", default="opguard-demo", metavar="DIR",
-                   help="where to keep the two runs (default: ./opguard-demo)")
+    p = sub.add_parser(
+        "demo",
+        help="record the bundled example pair on the CPU and diff it",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    p.add_argument(
+        "--dir",
+        default="opguard-demo",
+        metavar="DIR",
+        help="where to keep the two runs (default: ./opguard-demo)",
+    )
     p.set_defaults(run=run)
 
 
@@ -32,13 +39,24 @@ def run(args: argparse.Namespace) -> int:
         run_dir = root / name
         print(f"$ opguard record -o {run_dir} -- {script}", flush=True)
         code = subprocess.run(
-            [sys.executable, "-m", "opguard", "record", "-o", str(run_dir), "--overwrite", "--",
-             str(DEMO_DIR / script)],
+            [
+                sys.executable,
+                "-m",
+                "opguard",
+                "record",
+                "-o",
+                str(run_dir),
+                "--overwrite",
+                "--",
+                str(DEMO_DIR / script),
+            ],
         ).returncode
         if code != 0:
             raise CommandError(f"recording {script} failed (exit status {code})")
         runs.append(str(run_dir))
     print(f"\n$ opguard diff {runs[0]} {runs[1]}", flush=True)
     code = subprocess.run([sys.executable, "-m", "opguard", "diff", *runs]).returncode
-    print(f"\nNext: opguard show {runs[1]} --ops 170:180   ·   opguard diff {runs[0]} {runs[1]} --json")
+    print(
+        f"\nNext: opguard show {runs[1]} --ops 170:180   ·   opguard diff {runs[0]} {runs[1]} --json"
+    )
     return 0 if code in (0, 1) else code

@@ -12,7 +12,8 @@ from .base import print_json
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "diff", help="name the first op where two runs stop computing the same",
+        "diff",
+        help="name the first op where two runs stop computing the same",
         description="Aligns two recorded runs and names the first observed difference. "
         "Exit status: 0 identical, 1 diverged, 2 error.",
     )

@@ -19,11 +19,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "every op into RUN_DIR, and exits with the script's exit status.",
     )
     p.add_argument("-o", "--output", required=True, metavar="RUN_DIR", help="run directory")
-    p.add_argument("--steps", type=int, metavar="N",
-                   help="record the first N optimizer steps, then end the run")
+    p.add_argument(
+        "--steps",
+        type=int,
+        metavar="N",
+        help="record the first N optimizer steps, then end the run",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run in RUN_DIR")
-    p.add_argument("--python", metavar="PY",
-                   help="run under this interpreter (OpGuard must be installed there)")
+    p.add_argument(
+        "--python",
+        metavar="PY",
+        help="run under this interpreter (OpGuard must be installed there)",
+    )
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="-- SCRIPT.py [ARGS…]")
     p.set_defaults(run=run)
@@ -50,8 +57,9 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(f"{script}: no such script")
         target = Target(script, target_args[1:])
     command = ["opguard", "record", "-o", args.output, "--", *target.describe()]
-    return run_recorded(target, Path(args.output), steps=args.steps, overwrite=args.overwrite,
-                        command=command)
+    return run_recorded(
+        target, Path(args.output), steps=args.steps, overwrite=args.overwrite, command=command
+    )
 
 
 def _run_elsewhere(args: argparse.Namespace, target_args: list[str]) -> int:
@@ -60,8 +68,10 @@ def _run_elsewhere(args: argparse.Namespace, target_args: list[str]) -> int:
         raise CommandError(f"{args.python}: no such interpreter")
     check = subprocess.run([python, "-c", "import opguard._C"], capture_output=True)
     if check.returncode != 0:
-        raise CommandError(f"{args.python}: OpGuard is not installed for this interpreter "
-                           f"(run: {args.python} -m pip install opguard)")
+        raise CommandError(
+            f"{args.python}: OpGuard is not installed for this interpreter "
+            f"(run: {args.python} -m pip install opguard)"
+        )
     forwarded = ["-o", args.output]
     if args.steps is not None:
         forwarded += ["--steps", str(args.steps)]
@@ -71,5 +81,3 @@ def _run_elsewhere(args: argparse.Namespace, target_args: list[str]) -> int:
         forwarded += ["-m", args.module]
     forwarded += ["--", *target_args]
     return subprocess.run([python, "-m", "opguard.recorder.launch", *forwarded]).returncode
-
-

@@ -12,8 +12,11 @@ from .base import parse_range, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("show", help="summarise a recorded run, or list its ops",
-                       description="Prints a run's summary; with --ops, its ops as a table.")
+    p = sub.add_parser(
+        "show",
+        help="summarise a recorded run, or list its ops",
+        description="Prints a run's summary; with --ops, its ops as a table.",
+    )
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--rank", type=int, default=None, help="only this rank (default: all)")
     p.add_argument("--ops", metavar="START:END", help="list these ops (END exclusive)")
@@ -30,7 +33,10 @@ def rank_summary(trace: RankTrace) -> dict[str, Any]:
         steps = max(steps, raw.get("s", 0) + 1)
         count += 1
     summary: dict[str, Any] = {
-        "rank": trace.rank, "ops": count, "steps": steps, "phases": dict(phases),
+        "rank": trace.rank,
+        "ops": count,
+        "steps": steps,
+        "phases": dict(phases),
         "finished": trace.finished,
     }
     end = trace.info.get("end")
@@ -71,6 +77,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _meta_summary(meta: dict[str, Any]) -> dict[str, Any]:
-    keys = ("status", "command", "cwd", "python", "torch", "cuda", "devices", "world_size",
-            "host", "started", "ended", "exit_code", "error", "stopped", "recorder_failure")
+    keys = (
+        "status",
+        "command",
+        "cwd",
+        "python",
+        "torch",
+        "cuda",
+        "devices",
+        "world_size",
+        "host",
+        "started",
+        "ended",
+        "exit_code",
+        "error",
+        "stopped",
+        "recorder_failure",
+    )
     return {k: meta[k] for k in keys if meta.get(k) is not None}
