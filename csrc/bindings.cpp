@@ -3,7 +3,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <string>
+
 #include "fingerprint_cpu.h"
+#if OPGUARD_WITH_CUDA
+#include "fingerprint_cuda.h"
+#endif
 
 namespace py = pybind11;
 using opguard::Fingerprint;
@@ -25,36 +30,96 @@ py::object stats_tuple(const Fingerprint& fp, Kind kind) {
                         any ? py::object(py::float_(s.absmax)) : none, s.nan, s.inf);
 }
 
-py::tuple fingerprint(uintptr_t address, int64_t itemsize, std::vector<int64_t> sizes,
-                      std::vector<int64_t> strides, int kind_code, int64_t head_elements) {
-  if (sizes.size() != strides.size()) throw py::value_error("sizes and strides differ in length");
-  if (itemsize <= 0) throw py::value_error("itemsize must be positive");
-  const Kind kind = static_cast<Kind>(kind_code);
-  TensorView view{reinterpret_cast<const uint8_t*>(address), itemsize, std::move(sizes),
-                  std::move(strides), kind};
-  Fingerprint fp;
-  {
-    py::gil_scoped_release release;
-    fp = opguard::fingerprint_cpu(view, head_elements);
-  }
+py::tuple result_tuple(const Fingerprint& fp, Kind kind) {
   return py::make_tuple(fp.hash, fp.nbytes,
                         py::bytes(reinterpret_cast<const char*>(fp.head.data()), fp.head.size()),
                         stats_tuple(fp, kind));
 }
 
+TensorView make_view(uintptr_t address, int64_t itemsize, std::vector<int64_t> sizes,
+                     std::vector<int64_t> strides, int kind_code) {
+  if (sizes.size() != strides.size()) throw py::value_error("sizes and strides differ in length");
+  if (itemsize <= 0) throw py::value_error("itemsize must be positive");
+  return TensorView{reinterpret_cast<const uint8_t*>(address), itemsize, std::move(sizes),
+                    std::move(strides), static_cast<Kind>(kind_code)};
+}
+
+py::tuple fingerprint(uintptr_t address, int64_t itemsize, std::vector<int64_t> sizes,
+                      std::vector<int64_t> strides, int kind_code, int64_t head_elements) {
+  const TensorView view = make_view(address, itemsize, std::move(sizes), std::move(strides),
+                                    kind_code);
+  Fingerprint fp;
+  {
+    py::gil_scoped_release release;
+    fp = opguard::fingerprint_cpu(view, head_elements);
+  }
+  return result_tuple(fp, view.kind);
+}
+
 uint64_t hash_buffer(py::buffer buffer) {
   py::buffer_info info = buffer.request();
-  TensorView view{
-      static_cast<const uint8_t*>(info.ptr), 1, {info.size * info.itemsize}, {1}, Kind::Opaque};
+  TensorView view{static_cast<const uint8_t*>(info.ptr), 1, {info.size * info.itemsize}, {1},
+                  Kind::Opaque};
   py::gil_scoped_release release;
   return opguard::fingerprint_cpu(view, 0).hash;
+}
+
+#if OPGUARD_WITH_CUDA
+void bind_cuda(py::module_& m) {
+  using opguard::cuda::GpuFingerprinter;
+  using opguard::cuda::Ticket;
+  py::class_<Ticket>(m, "GpuTicket")
+      .def_readonly("seq", &Ticket::seq)
+      .def_readonly("kind", &Ticket::kind);
+  py::class_<GpuFingerprinter>(m, "GpuFingerprinter",
+                               "Fingerprints device tensors on their stream, without syncing.")
+      .def(py::init<uint64_t, uint64_t>(), py::arg("partial_capacity") = 1 << 18,
+           py::arg("head_capacity") = 1 << 16)
+      .def(
+          "launch",
+          [](GpuFingerprinter& self, uintptr_t address, int64_t itemsize,
+             std::vector<int64_t> sizes, std::vector<int64_t> strides, int kind, int device,
+             uintptr_t stream, int64_t head_elements, double timeout_s) {
+            const TensorView view = make_view(address, itemsize, std::move(sizes),
+                                              std::move(strides), kind);
+            py::gil_scoped_release release;  // may wait for the writer thread to collect
+            return self.launch(view, device, stream, head_elements, timeout_s);
+          },
+          py::arg("address"), py::arg("itemsize"), py::arg("sizes"), py::arg("strides"),
+          py::arg("kind"), py::arg("device"), py::arg("stream"), py::arg("head_elements") = 8,
+          py::arg("timeout_s") = 60.0)
+      .def("ready", &GpuFingerprinter::ready)
+      .def(
+          "collect",
+          [](GpuFingerprinter& self, const Ticket& ticket, double timeout_s) {
+            Fingerprint fp;
+            {
+              py::gil_scoped_release release;
+              fp = self.collect(ticket, timeout_s);
+            }
+            return result_tuple(fp, static_cast<Kind>(ticket.kind));
+          },
+          py::arg("ticket"), py::arg("timeout_s") = 600.0)
+      .def_property_readonly("launches", &GpuFingerprinter::launches);
+}
+#endif
+
+py::tuple cuda_status() {
+#if OPGUARD_WITH_CUDA
+  std::string why;
+  if (opguard::cuda::available(&why)) return py::make_tuple(true, "available");
+  return py::make_tuple(false, "CUDA is unavailable: " + why);
+#else
+  return py::make_tuple(false, "OpGuard was built without CUDA (OPGUARD_CUDA=OFF or no nvcc)");
+#endif
 }
 
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "OpGuard's native recorder core: tensor fingerprints.";
+  m.doc() = "OpGuard's native recorder core: tensor fingerprints on the CPU and the GPU.";
   m.attr("FINGERPRINT_VERSION") = kFingerprintVersion;
+  m.attr("CUDA_BUILT") = static_cast<bool>(OPGUARD_WITH_CUDA);
   m.def("fingerprint", &fingerprint, py::arg("address"), py::arg("itemsize"), py::arg("sizes"),
         py::arg("strides"), py::arg("kind"), py::arg("head_elements") = 8,
         "Fingerprint of a CPU tensor given by raw address, element size, sizes and strides "
@@ -62,4 +127,9 @@ PYBIND11_MODULE(_C, m) {
         "(min, max, mean, absmax, nan_count, inf_count) over finite values, or None.");
   m.def("hash_buffer", &hash_buffer, py::arg("buffer"),
         "Fingerprint of a contiguous byte buffer (same algorithm as a uint8 tensor).");
+  m.def("cuda_status", &cuda_status,
+        "(usable, reason): whether GPU fingerprints can run here, and why not.");
+#if OPGUARD_WITH_CUDA
+  bind_cuda(m);
+#endif
 }

@@ -114,8 +114,8 @@ StatsFn stats_fn_for(Kind kind) {
   }
 }
 
-// Drops size-1 dimensions (their stride is meaningless) and merges dimensions that are
-// contiguous with their inner neighbour, so most views become one or two runs.
+}  // namespace
+
 void coalesce(const TensorView& v, std::vector<int64_t>& sizes, std::vector<int64_t>& strides) {
   sizes.clear();
   strides.clear();
@@ -130,8 +130,6 @@ void coalesce(const TensorView& v, std::vector<int64_t>& sizes, std::vector<int6
     }
   }
 }
-
-}  // namespace
 
 Fingerprint fingerprint_cpu(const TensorView& view, int64_t head_elements) {
   Fingerprint fp;

@@ -23,6 +23,10 @@ struct Fingerprint {
   Stats stats = Stats::empty();
 };
 
+// Drops size-1 dimensions and merges dimensions contiguous with their inner neighbour, so most
+// views become one or two runs. Shared by the CPU and CUDA paths.
+void coalesce(const TensorView& v, std::vector<int64_t>& sizes, std::vector<int64_t>& strides);
+
 // Hashes `view` in logical order without copying it, keeping the raw bytes of its first
 // `head_elements` elements and, for kinds with stats, the statistics. Pure function of the
 // bytes: safe to call with the GIL released.

@@ -21,7 +21,7 @@ from ..store import schema
 from .arguments import encode, generator_fingerprint
 from .callsite import CallSites
 from .ops import OpInfo, op_info
-from .tensors import describe, fingerprint_fields
+from .tensors import PendingFields, describe, fingerprint_fields
 
 _BACKWARD = schema.PHASES.index("backward")
 _OPTIMIZER = schema.PHASES.index("optimizer")
@@ -29,6 +29,7 @@ _FORWARD = schema.PHASES.index("forward")
 _OTHER = schema.PHASES.index("other")
 
 Fields = dict[str, Any]
+Pending = list[tuple[Fields, PendingFields]]  # entries whose GPU fingerprint is in flight
 
 # Bookkeeping ops that compute nothing: record_function markers carry object addresses that
 # differ between runs of the same program.
@@ -41,7 +42,12 @@ class _Known:
     __slots__ = ("fields", "index", "ref", "slot", "version")
 
     def __init__(
-        self, ref: weakref.ref, index: int | None, slot: int, version: int, fields: Fields | None
+        self,
+        ref: weakref.ref,
+        index: int | None,
+        slot: int,
+        version: int,
+        fields: Fields | PendingFields | None,
     ) -> None:
         self.ref = ref
         self.index = index
@@ -71,6 +77,7 @@ class OpRecorder(TorchDispatchMode):
         self._known: dict[int, _Known] = {}
         self._last_writer: dict[int, _Known] = {}  # storage address -> its last recorded write
         self._unsettled: list[tuple[torch.Tensor, _Known]] = []
+        self._pending: Pending = []
         self._forward_sites: dict[int, tuple[int, int | None, int | None]] = {}
         self._last_sequence_nr = -1
         self.next_index = 0
@@ -114,6 +121,7 @@ class OpRecorder(TorchDispatchMode):
             raise RuntimeError(f"trace writer failed: {self._writer.error}")
         if self._unsettled:
             self._settle_versions()
+        self._pending = []
         info = self._infos.get(func)
         if info is None:
             info = self._infos[func] = op_info(func, self._writer.intern_name)
@@ -126,7 +134,7 @@ class OpRecorder(TorchDispatchMode):
             self._classify(info, name, value, inputs, written, arguments)
         for name, value in kwargs.items():
             self._classify(info, name, value, inputs, written, arguments)
-        rng = self._rng_state(kwargs.get("generator")) if info.is_random else None
+        rng = self._rng_state(kwargs.get("generator"), args, kwargs) if info.is_random else None
         return info, inputs, written, arguments, rng
 
     def _classify(
@@ -165,12 +173,12 @@ class OpRecorder(TorchDispatchMode):
         ):
             if known.fields is None:
                 known.fields = fingerprint_fields(tensor)
-            entry.update(known.fields)
+            self._attach(entry, known.fields)
             if known.index is not None:
                 entry["p"] = [known.index, known.slot]
             return entry
         fields = fingerprint_fields(tensor)
-        entry.update(fields)
+        self._attach(entry, fields)
         writer = self._storage_writer(tensor)
         if writer is not None and writer.index is not None:
             entry["p"] = [writer.index, writer.slot]
@@ -178,6 +186,13 @@ class OpRecorder(TorchDispatchMode):
         else:
             self._remember(tensor, None, 0, fields)
         return entry
+
+    def _attach(self, entry: Fields, fields: Fields | PendingFields) -> None:
+        """Adds content fields to an entry now, or when the GPU has computed them."""
+        if isinstance(fields, PendingFields):
+            self._pending.append((entry, fields))
+        else:
+            entry.update(fields)
 
     def _storage_writer(self, tensor: torch.Tensor) -> _Known | None:
         """The op that last wrote this tensor's storage (through another alias of it), when no
@@ -197,9 +212,17 @@ class OpRecorder(TorchDispatchMode):
             known.version = _version_of(tensor)
         self._unsettled.clear()
 
-    def _rng_state(self, generator: torch.Generator | None) -> int | None:
+    def _rng_state(
+        self, generator: torch.Generator | None, args: tuple, kwargs: dict
+    ) -> int | None:
+        """Fingerprint of the generator a random op draws from: the explicit one, else the
+        default generator of the op's device."""
         if generator is None:
-            generator = torch.default_generator
+            device = _op_device(args, kwargs)
+            if device.type == "cuda":
+                generator = torch.cuda.default_generators[device.index or 0]
+            else:
+                generator = torch.default_generator
         return generator_fingerprint(generator)
 
     # -- after the op: outputs, call site, record ------------------------------------------
@@ -232,7 +255,10 @@ class OpRecorder(TorchDispatchMode):
             record["r"] = rng
         if out is not None and not outputs:
             record["v"] = encode(out)  # a returned scalar, e.g. the value of .item()
-        self._writer.append(index, record)
+        if self._pending:
+            self._writer.append(index, _finisher(record, self._pending))
+        else:
+            self._writer.append(index, record)
 
     def _output(
         self,
@@ -245,7 +271,7 @@ class OpRecorder(TorchDispatchMode):
         was_written: bool,
     ) -> None:
         entry = describe(tensor, slot)
-        fields: Fields | None
+        fields: Fields | PendingFields | None
         if info.uninitialized_output:
             fields = {"f": schema.FLAG_UNINITIALIZED}
         elif info.is_view:
@@ -255,7 +281,7 @@ class OpRecorder(TorchDispatchMode):
         else:
             fields = fingerprint_fields(tensor)
         if fields is not None:
-            entry.update(fields)
+            self._attach(entry, fields)
         if was_written:
             entry["f"] = entry.get("f", 0) | schema.FLAG_WRITTEN
         output_slot = len(outputs)
@@ -268,7 +294,11 @@ class OpRecorder(TorchDispatchMode):
                 self._last_writer[tensor.untyped_storage().data_ptr()] = known
 
     def _remember(
-        self, tensor: torch.Tensor, index: int | None, slot: int, fields: Fields | None
+        self,
+        tensor: torch.Tensor,
+        index: int | None,
+        slot: int,
+        fields: Fields | PendingFields | None,
     ) -> _Known:
         key = id(tensor)
         known = self._known
@@ -348,3 +378,22 @@ def _version_of(tensor: torch.Tensor) -> int:
         return int(tensor._version)
     except RuntimeError:
         return -1
+
+
+def _finisher(record: Fields, pending: Pending) -> Callable[[], Fields]:
+    """A record completed on the writer thread, once its GPU fingerprints have landed."""
+
+    def finish() -> Fields:
+        for entry, fields in pending:
+            entry.update(fields.resolve())
+        return record
+
+    return finish
+
+
+def _op_device(args: tuple, kwargs: dict) -> torch.device:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value.device
+    device = kwargs.get("device")
+    return torch.device(device) if device is not None else torch.device("cpu")

@@ -35,26 +35,83 @@ def describe(tensor: torch.Tensor, slot: str) -> dict[str, Any]:
 
 
 def is_readable(tensor: torch.Tensor) -> bool:
-    """Plain strided tensors with real storage on the CPU (CUDA joins with the GPU path)."""
+    """Plain strided tensors with real storage (not meta, sparse, nested or subclasses)."""
     return (
         (type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter)
         and tensor.layout == torch.strided
-        and tensor.device.type == "cpu"
+        and tensor.device.type in ("cpu", "cuda")
     )
 
 
-def fingerprint_fields(tensor: torch.Tensor) -> dict[str, Any]:
-    """The content fields of an entry (``h``, ``z``, ``b``, ``m``), or the unreadable flag."""
-    if not is_readable(tensor):
-        return {"f": schema.FLAG_UNREADABLE}
-    _, kind, itemsize = _dtype_info(tensor.dtype)
-    digest, nbytes, head, stats = _C.fingerprint(
-        tensor.data_ptr(), itemsize, tensor.shape, tensor.stride(), kind, HEAD_ELEMENTS
-    )
-    fields: dict[str, Any] = {"h": digest, "z": nbytes, "b": head}
+Fields = dict[str, Any]
+
+
+def _fields(result: tuple[int, int, bytes, tuple | None]) -> Fields:
+    digest, nbytes, head, stats = result
+    fields: Fields = {"h": digest, "z": nbytes, "b": head}
     if stats is not None:
         fields["m"] = list(stats)
     return fields
+
+
+class PendingFields:
+    """Content fields of a device tensor whose fingerprint kernel may still be running.
+
+    Resolved once, by the trace writer's thread; every record that reuses the fingerprint
+    shares the same object."""
+
+    __slots__ = ("_fields", "_ticket")
+
+    def __init__(self, ticket: Any) -> None:
+        self._ticket = ticket
+        self._fields: Fields | None = None
+
+    def resolve(self) -> Fields:
+        if self._fields is None:
+            kernels = _gpu()
+            self._fields = _fields(kernels.collect(self._ticket))
+            self._ticket = None
+        return self._fields
+
+
+_GPU: Any = None
+
+
+def _gpu() -> Any:
+    """The process's GPU fingerprinter, created on the first device tensor."""
+    global _GPU
+    if _GPU is None:
+        usable, reason = _C.cuda_status()
+        if not usable:
+            raise RuntimeError(f"GPU fingerprints unavailable: {reason}")
+        _GPU = _C.GpuFingerprinter()
+    return _GPU
+
+
+def fingerprint_fields(tensor: torch.Tensor) -> Fields | PendingFields:
+    """The content fields of an entry (``h``, ``z``, ``b``, ``m``), the unreadable flag, or, for
+    a device tensor, a :class:`PendingFields` resolved once its kernel has run."""
+    if not is_readable(tensor):
+        return {"f": schema.FLAG_UNREADABLE}
+    _, kind, itemsize = _dtype_info(tensor.dtype)
+    if tensor.device.type == "cuda":
+        device = tensor.device.index or 0
+        ticket = _gpu().launch(
+            tensor.data_ptr(),
+            itemsize,
+            tensor.shape,
+            tensor.stride(),
+            kind,
+            device,
+            torch._C._cuda_getCurrentRawStream(device),
+            HEAD_ELEMENTS,
+        )
+        return PendingFields(ticket)
+    return _fields(
+        _C.fingerprint(
+            tensor.data_ptr(), itemsize, tensor.shape, tensor.stride(), kind, HEAD_ELEMENTS
+        )
+    )
 
 
 def content_hash(tensor: torch.Tensor) -> int:

@@ -1,0 +1,515 @@
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "fingerprint_cuda.h"
+
+namespace opguard {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxBlocks = 528;  // 4 per SM on an H100/H200: enough bytes in flight for DRAM
+
+struct Args {
+  const uint8_t* data;
+  uint64_t nbytes;
+  uint64_t nwords;
+  uint64_t numel;
+  int64_t sizes[kMaxDims];  // coalesced, innermost last
+  int64_t strides[kMaxDims];
+  int32_t ndim;
+  int32_t itemsize;
+  int32_t kind;
+  int32_t head_bytes;
+  Partial* partials;
+  uint8_t* head;
+  uint32_t seq;
+};
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+  }
+}
+
+// Per-thread statistics in the accumulation type of the element kind.
+template <typename Acc>
+struct ThreadStats {
+  Acc mn = INFINITY, mx = -INFINITY, amax = 0, sum = 0;
+  uint32_t nan = 0, inf = 0;
+
+  __device__ __forceinline__ void add(Acc v) {
+    const Acc a = v < 0 ? -v : v;
+    const bool finite = a < static_cast<Acc>(INFINITY);
+    nan += v != v;
+    inf += a == static_cast<Acc>(INFINITY);
+    mn = finite && v < mn ? v : mn;
+    mx = finite && v > mx ? v : mx;
+    amax = finite && a > amax ? a : amax;
+    sum += finite ? v : static_cast<Acc>(0);
+  }
+};
+
+// Element decoding specialised for the common dtypes; everything else goes through the shared
+// generic decoder of fingerprint.h.
+template <int K>
+struct Decode {
+  using Acc = double;
+  static constexpr int kComponentBytes = 0;  // use the generic path
+};
+template <>
+struct Decode<static_cast<int>(Kind::Float32)> {
+  using Acc = float;
+  static constexpr int kComponentBytes = 4;
+  __device__ static float get(uint64_t w, int c) {
+    return __uint_as_float(static_cast<uint32_t>(w >> (32 * c)));
+  }
+};
+template <>
+struct Decode<static_cast<int>(Kind::BFloat16)> {
+  using Acc = float;
+  static constexpr int kComponentBytes = 2;
+  __device__ static float get(uint64_t w, int c) {
+    return __uint_as_float(static_cast<uint32_t>((w >> (16 * c)) & 0xFFFFu) << 16);
+  }
+};
+template <>
+struct Decode<static_cast<int>(Kind::Float16)> {
+  using Acc = float;
+  static constexpr int kComponentBytes = 2;
+  __device__ static float get(uint64_t w, int c) {
+    return half_to_float(static_cast<uint16_t>(w >> (16 * c)));
+  }
+};
+template <>
+struct Decode<static_cast<int>(Kind::Float64)> {
+  using Acc = double;
+  static constexpr int kComponentBytes = 8;
+  __device__ static double get(uint64_t w, int) { return __longlong_as_double(w); }
+};
+
+// Stats of the valid bytes of one word of the logical stream (component-aligned: component
+// sizes divide 8, and 16-byte elements are two 8-byte components).
+template <int K>
+__device__ __forceinline__ void word_stats(uint64_t w, int valid, const Args& a,
+                                           ThreadStats<typename Decode<K>::Acc>& st) {
+  using D = Decode<K>;
+  if constexpr (D::kComponentBytes > 0) {
+#pragma unroll
+    for (int c = 0; c < 8 / D::kComponentBytes; ++c) {
+      if (c * D::kComponentBytes < valid) st.add(D::get(w, c));
+    }
+  } else {
+    const Kind kind = static_cast<Kind>(K);
+    if (!has_stats(kind)) return;
+    const int comp = a.itemsize / components_of(kind);
+    const int step = comp < 8 ? comp : 8;
+    uint8_t bytes[8];
+    memcpy(bytes, &w, 8);
+    for (int off = 0; off < valid; off += step) {
+      st.add(decode_component(bytes + off, kind, a.itemsize, 0));
+    }
+  }
+}
+
+// Byte offset of logical element `e` in memory.
+__device__ __forceinline__ int64_t element_offset(const Args& a, uint64_t e) {
+  int64_t offset = 0;
+  for (int d = a.ndim - 1; d >= 0; --d) {
+    const uint64_t size = static_cast<uint64_t>(a.sizes[d]);
+    offset += static_cast<int64_t>(e % size) * a.strides[d];
+    e /= size;
+  }
+  return offset * a.itemsize;
+}
+
+// Word `j` of the logical byte stream, gathered element by element (strided tensors).
+__device__ uint64_t strided_word(const Args& a, uint64_t j, int* valid) {
+  const uint64_t start = j * 8;
+  const uint64_t end = start + 8 < a.nbytes ? start + 8 : a.nbytes;
+  *valid = static_cast<int>(end - start);
+  uint64_t w = 0;
+  for (uint64_t b = start; b < end;) {
+    const uint64_t e = b / a.itemsize;
+    const uint64_t within = b % a.itemsize;
+    const uint8_t* p = a.data + element_offset(a, e) + within;
+    const uint64_t take = min(static_cast<uint64_t>(a.itemsize) - within, end - b);
+    for (uint64_t k = 0; k < take; ++k) w |= static_cast<uint64_t>(p[k]) << (8 * (b - start + k));
+    b += take;
+  }
+  return w;
+}
+
+// Word `j` of a contiguous stream at any alignment, zero-padded at the end.
+__device__ __forceinline__ uint64_t contiguous_word(const Args& a, uint64_t j, int* valid) {
+  const uint64_t start = j * 8;
+  if (start + 8 <= a.nbytes && (reinterpret_cast<uintptr_t>(a.data) & 7) == 0) {
+    *valid = 8;
+    return *reinterpret_cast<const uint64_t*>(a.data + start);
+  }
+  const uint64_t end = start + 8 < a.nbytes ? start + 8 : a.nbytes;
+  *valid = static_cast<int>(end - start);
+  uint64_t w = 0;
+  for (uint64_t b = start; b < end; ++b) w |= static_cast<uint64_t>(a.data[b]) << (8 * (b - start));
+  return w;
+}
+
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xFFFFFFFFu, v, o);
+  return v;
+}
+template <typename T>
+__device__ __forceinline__ T warp_min(T v) {
+  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_down_sync(0xFFFFFFFFu, v, o));
+  return v;
+}
+template <typename T>
+__device__ __forceinline__ T warp_max(T v) {
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_down_sync(0xFFFFFFFFu, v, o));
+  return v;
+}
+
+// Reduces the block's hash and stats in a fixed tree and publishes them as one partial.
+template <typename Acc>
+__device__ void publish(const Args& a, uint64_t hash, const ThreadStats<Acc>& st) {
+  __shared__ uint64_t s_hash[kThreads / 32];
+  __shared__ double s_min[kThreads / 32], s_max[kThreads / 32], s_amax[kThreads / 32],
+      s_sum[kThreads / 32];
+  __shared__ uint64_t s_nan[kThreads / 32], s_inf[kThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint64_t h = warp_sum(hash);
+  double mn = warp_min(static_cast<double>(st.mn));
+  double mx = warp_max(static_cast<double>(st.mx));
+  double am = warp_max(static_cast<double>(st.amax));
+  double sm = warp_sum(static_cast<double>(st.sum));
+  uint64_t nn = warp_sum(static_cast<uint64_t>(st.nan));
+  uint64_t ni = warp_sum(static_cast<uint64_t>(st.inf));
+  if (lane == 0) {
+    s_hash[warp] = h;
+    s_min[warp] = mn;
+    s_max[warp] = mx;
+    s_amax[warp] = am;
+    s_sum[warp] = sm;
+    s_nan[warp] = nn;
+    s_inf[warp] = ni;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) {
+      h += s_hash[w];
+      mn = min(mn, s_min[w]);
+      mx = max(mx, s_max[w]);
+      am = max(am, s_amax[w]);
+      sm += s_sum[w];
+      nn += s_nan[w];
+      ni += s_inf[w];
+    }
+    Partial* out = a.partials + blockIdx.x;
+    out->hash = h;
+    out->min = mn;
+    out->max = mx;
+    out->absmax = am;
+    out->sum = sm;
+    out->nan = nn;
+    out->inf = ni;
+    __threadfence_system();
+    out->seq = a.seq;
+  }
+}
+
+template <int K, bool kContiguous>
+__global__ void __launch_bounds__(kThreads) fingerprint_kernel(const Args a) {
+  using Acc = typename Decode<K>::Acc;
+  ThreadStats<Acc> st;
+  uint64_t hash = 0;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * kThreads;
+  uint64_t j = static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (kContiguous && (reinterpret_cast<uintptr_t>(a.data) & 15) == 0) {
+    // Main body: 16-byte loads, two words each, four loads in flight per thread.
+    const uint64_t pairs = a.nbytes / 16;
+    const uint4* v = reinterpret_cast<const uint4*>(a.data);
+    uint64_t p = j;
+    for (; p + 3 * stride < pairs; p += 4 * stride) {
+      uint4 r[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) r[u] = __ldcs(v + p + u * stride);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const uint64_t w0 = (static_cast<uint64_t>(r[u].y) << 32) | r[u].x;
+        const uint64_t w1 = (static_cast<uint64_t>(r[u].w) << 32) | r[u].z;
+        const uint64_t idx = 2 * (p + u * stride);
+        hash += mix_word(w0, idx) + mix_word(w1, idx + 1);
+        word_stats<K>(w0, 8, a, st);
+        word_stats<K>(w1, 8, a, st);
+      }
+    }
+    for (; p < pairs; p += stride) {
+      const uint4 r = __ldcs(v + p);
+      const uint64_t w0 = (static_cast<uint64_t>(r.y) << 32) | r.x;
+      const uint64_t w1 = (static_cast<uint64_t>(r.w) << 32) | r.z;
+      hash += mix_word(w0, 2 * p) + mix_word(w1, 2 * p + 1);
+      word_stats<K>(w0, 8, a, st);
+      word_stats<K>(w1, 8, a, st);
+    }
+    j = 2 * pairs + j;  // the at most one leftover word (and the zero-padded tail)
+  }
+  for (; j < a.nwords; j += stride) {
+    int valid;
+    const uint64_t w = kContiguous ? contiguous_word(a, j, &valid) : strided_word(a, j, &valid);
+    hash += mix_word(w, j);
+    word_stats<K>(w, valid, a, st);
+  }
+  if (blockIdx.x == 0 && threadIdx.x < a.head_bytes) {
+    const int b = threadIdx.x;
+    const uint8_t* src = kContiguous
+                             ? a.data + b
+                             : a.data + element_offset(a, b / a.itemsize) + b % a.itemsize;
+    a.head[b] = *src;
+    __threadfence_system();  // visible to the host before block 0 publishes its sequence number
+  }
+  publish<Acc>(a, hash, st);
+}
+
+using KernelFn = void (*)(const Args);
+
+template <int K>
+KernelFn pick(bool contiguous) {
+  return contiguous ? fingerprint_kernel<K, true> : fingerprint_kernel<K, false>;
+}
+
+KernelFn kernel_for(Kind kind, bool contiguous) {
+  switch (kind) {
+    case Kind::Float32:
+      return pick<static_cast<int>(Kind::Float32)>(contiguous);
+    case Kind::BFloat16:
+      return pick<static_cast<int>(Kind::BFloat16)>(contiguous);
+    case Kind::Float16:
+      return pick<static_cast<int>(Kind::Float16)>(contiguous);
+    case Kind::Float64:
+      return pick<static_cast<int>(Kind::Float64)>(contiguous);
+#define OPG_GENERIC(K) \
+  case Kind::K:        \
+    return pick<static_cast<int>(Kind::K)>(contiguous);
+      OPG_GENERIC(Opaque)
+      OPG_GENERIC(Bool)
+      OPG_GENERIC(UInt)
+      OPG_GENERIC(Int)
+      OPG_GENERIC(Complex32)
+      OPG_GENERIC(Complex64)
+      OPG_GENERIC(Complex128)
+      OPG_GENERIC(F8E4M3FN)
+      OPG_GENERIC(F8E4M3FNUZ)
+      OPG_GENERIC(F8E5M2)
+      OPG_GENERIC(F8E5M2FNUZ)
+      OPG_GENERIC(F8E8M0FNU)
+#undef OPG_GENERIC
+  }
+  return pick<static_cast<int>(Kind::Opaque)>(contiguous);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+bool available(std::string* why) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    if (why) *why = cudaGetErrorString(err);
+    cudaGetLastError();
+    return false;
+  }
+  if (count == 0) {
+    if (why) *why = "no CUDA device";
+    return false;
+  }
+  return true;
+}
+
+GpuFingerprinter::GpuFingerprinter(uint64_t partial_capacity, uint64_t head_capacity)
+    : partial_capacity_(partial_capacity), head_capacity_(head_capacity) {
+  check(cudaHostAlloc(reinterpret_cast<void**>(&partials_), partial_capacity * sizeof(Partial),
+                      cudaHostAllocMapped | cudaHostAllocPortable),
+        "allocating the fingerprint result ring");
+  check(cudaHostAlloc(reinterpret_cast<void**>(&heads_), head_capacity * kHeadBytes,
+                      cudaHostAllocMapped | cudaHostAllocPortable),
+        "allocating the head-bytes ring");
+  for (uint64_t i = 0; i < partial_capacity; ++i) partials_[i].seq = 0xFFFFFFFFu;
+}
+
+GpuFingerprinter::~GpuFingerprinter() {
+  cudaFreeHost(partials_);
+  cudaFreeHost(heads_);
+}
+
+void GpuFingerprinter::reclaim() {
+  while (!outstanding_.empty() && outstanding_.front().collected) {
+    const Outstanding& o = outstanding_.front();
+    partial_tail_ = o.first + o.blocks;
+    head_tail_ = o.head_slot + 1;
+    outstanding_.pop_front();
+  }
+  if (outstanding_.empty()) {
+    partial_tail_ = partial_head_;
+    head_tail_ = head_next_;
+  }
+}
+
+bool GpuFingerprinter::wait_for_space(uint64_t blocks, double timeout_s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      reclaim();
+      // A launch takes a contiguous run of partials; skipping to the ring's start wastes the
+      // tail end, which is accounted for by advancing the head past it.
+      uint64_t start = partial_head_;
+      const uint64_t offset = start % partial_capacity_;
+      if (offset + blocks > partial_capacity_) start += partial_capacity_ - offset;
+      const bool partials_free = start + blocks - partial_tail_ <= partial_capacity_;
+      const bool heads_free = head_next_ + 1 - head_tail_ <= head_capacity_;
+      if (partials_free && heads_free) {
+        partial_head_ = start;
+        return true;
+      }
+    }
+    if (seconds_since(t0) > timeout_s) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+Ticket GpuFingerprinter::launch(const TensorView& view, int device, uintptr_t stream,
+                                int64_t head_elements, double timeout_s) {
+  Args a{};
+  std::vector<int64_t> sizes, strides;
+  coalesce(view, sizes, strides);
+  uint64_t numel = 1;
+  for (int64_t s : view.sizes) numel *= static_cast<uint64_t>(s);
+  if (sizes.size() > static_cast<size_t>(kMaxDims)) {
+    throw std::runtime_error("tensor has more than 16 non-mergeable dimensions");
+  }
+  const bool contiguous = sizes.empty() || (sizes.size() == 1 && strides[0] == 1);
+  a.data = view.data;
+  a.itemsize = static_cast<int32_t>(view.itemsize);
+  a.kind = static_cast<int32_t>(view.kind);
+  a.numel = numel;
+  a.nbytes = numel * static_cast<uint64_t>(view.itemsize);
+  a.nwords = (a.nbytes + 7) / 8;
+  a.ndim = static_cast<int32_t>(sizes.size());
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    a.sizes[d] = sizes[d];
+    a.strides[d] = strides[d];
+  }
+  a.head_bytes = static_cast<int32_t>(
+      std::min<uint64_t>(a.nbytes, static_cast<uint64_t>(head_elements) * view.itemsize));
+  a.head_bytes = std::min(a.head_bytes, kHeadBytes);
+
+  const uint64_t per_block = static_cast<uint64_t>(kThreads) * 8;  // words per block per pass
+  const uint64_t blocks = std::max<uint64_t>(
+      1, std::min<uint64_t>(kMaxBlocks, (a.nwords + per_block - 1) / per_block));
+  if (!wait_for_space(blocks, timeout_s)) {
+    throw std::runtime_error("fingerprint results were not collected in time (ring full)");
+  }
+  Ticket t;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    t.seq = ++seq_;
+    t.first = partial_head_;
+    t.blocks = static_cast<uint32_t>(blocks);
+    t.head_slot = head_next_;
+    partial_head_ += blocks;
+    head_next_ += 1;
+    outstanding_.push_back({t.seq, t.first, blocks, t.head_slot, false});
+  }
+  t.nbytes = a.nbytes;
+  t.numel = numel;
+  t.itemsize = a.itemsize;
+  t.kind = a.kind;
+  t.head_bytes = a.head_bytes;
+  a.partials = partials_ + (t.first % partial_capacity_);
+  a.head = heads_ + (t.head_slot % head_capacity_) * kHeadBytes;
+  a.seq = static_cast<uint32_t>(t.seq);
+  for (uint64_t b = 0; b < blocks; ++b) a.partials[b].seq = 0xFFFFFFFFu;
+  if (numel == 0) {  // nothing to read: complete on the host
+    for (uint64_t b = 0; b < blocks; ++b) {
+      Partial& p = a.partials[b];
+      p.hash = 0;
+      p.min = INFINITY;
+      p.max = -INFINITY;
+      p.absmax = 0;
+      p.sum = 0;
+      p.nan = p.inf = 0;
+      p.seq = a.seq;
+    }
+    return t;
+  }
+  int current = -1;
+  check(cudaGetDevice(&current), "cudaGetDevice");
+  if (current != device) check(cudaSetDevice(device), "cudaSetDevice");
+  kernel_for(view.kind, contiguous)<<<static_cast<unsigned>(blocks), kThreads, 0,
+                                      reinterpret_cast<cudaStream_t>(stream)>>>(a);
+  const cudaError_t err = cudaGetLastError();
+  if (current != device) cudaSetDevice(current);
+  check(err, "launching the fingerprint kernel");
+  return t;
+}
+
+bool GpuFingerprinter::ready(const Ticket& t) const {
+  const Partial* p = partials_ + (t.first % partial_capacity_);
+  const uint32_t want = static_cast<uint32_t>(t.seq);
+  for (uint32_t b = 0; b < t.blocks; ++b) {
+    if (p[b].seq != want) return false;
+  }
+  return true;
+}
+
+Fingerprint GpuFingerprinter::collect(const Ticket& t, double timeout_s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  int spins = 0;
+  while (!ready(t)) {
+    if (seconds_since(t0) > timeout_s) {
+      throw std::runtime_error("GPU fingerprint did not complete in time");
+    }
+    if (++spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  Fingerprint fp;
+  fp.nbytes = t.nbytes;
+  const Partial* p = partials_ + (t.first % partial_capacity_);
+  for (uint32_t b = 0; b < t.blocks; ++b) {
+    fp.hash += p[b].hash;
+    fp.stats.min = std::min(fp.stats.min, p[b].min);
+    fp.stats.max = std::max(fp.stats.max, p[b].max);
+    fp.stats.absmax = std::max(fp.stats.absmax, p[b].absmax);
+    fp.stats.sum += p[b].sum;
+    fp.stats.nan += p[b].nan;
+    fp.stats.inf += p[b].inf;
+  }
+  const Kind kind = static_cast<Kind>(t.kind);
+  const uint64_t values = t.numel * static_cast<uint64_t>(components_of(kind));
+  fp.stats.finite = values - fp.stats.nan - fp.stats.inf;
+  const uint8_t* head = heads_ + (t.head_slot % head_capacity_) * kHeadBytes;
+  fp.head.assign(head, head + t.head_bytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& o : outstanding_) {
+    if (o.seq == t.seq) {
+      o.collected = true;
+      break;
+    }
+  }
+  reclaim();
+  return fp;
+}
+
+}  // namespace cuda
+}  // namespace opguard

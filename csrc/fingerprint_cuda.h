@@ -1,0 +1,90 @@
+// GPU fingerprints: the algorithm of fingerprint.h, launched on the stream an op ran on, with
+// results landing in mapped pinned host memory. No host synchronisation: the host polls a
+// per-block sequence number that each block writes after its result.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fingerprint_cpu.h"
+
+namespace opguard {
+namespace cuda {
+
+constexpr int kMaxDims = 16;
+constexpr int kHeadBytes = 128;  // 8 elements of up to 16 bytes
+
+// One block's share of a tensor's fingerprint, written by the GPU into host memory.
+struct alignas(16) Partial {
+  uint64_t hash;
+  double min;
+  double max;
+  double absmax;
+  double sum;
+  uint64_t nan;
+  uint64_t inf;
+  volatile uint32_t seq;  // written last (after a system fence): the partial is complete
+  uint32_t pad;
+};
+
+struct Ticket {
+  uint64_t seq = 0;      // launch sequence number (lower 32 bits are written by the GPU)
+  uint64_t first = 0;    // first partial in the ring (absolute position)
+  uint32_t blocks = 0;   // partials this launch writes
+  uint64_t head_slot = 0;
+  uint64_t nbytes = 0;
+  uint64_t numel = 0;
+  int itemsize = 1;
+  int kind = 0;
+  int head_bytes = 0;
+};
+
+// Owns the mapped result rings. launch() runs on the thread that ran the op, collect() on the
+// trace writer's thread; the ring bookkeeping is guarded by a mutex.
+class GpuFingerprinter {
+ public:
+  GpuFingerprinter(uint64_t partial_capacity, uint64_t head_capacity);
+  ~GpuFingerprinter();
+  GpuFingerprinter(const GpuFingerprinter&) = delete;
+  GpuFingerprinter& operator=(const GpuFingerprinter&) = delete;
+
+  // Enqueues the fingerprint of a device tensor on `stream` (a cudaStream_t as an integer) of
+  // `device`. Waits (up to `timeout_s`) only when the result rings are full.
+  Ticket launch(const TensorView& view, int device, uintptr_t stream, int64_t head_elements,
+                double timeout_s);
+  bool ready(const Ticket& t) const;
+  // Waits for the ticket's kernels, reduces the partials in block order, frees ring space.
+  Fingerprint collect(const Ticket& t, double timeout_s);
+  uint64_t launches() const { return seq_; }
+
+ private:
+  void reclaim();
+  bool wait_for_space(uint64_t blocks, double timeout_s);
+
+  Partial* partials_ = nullptr;  // host pointer (mapped; same address on the device with UVA)
+  uint8_t* heads_ = nullptr;
+  uint64_t partial_capacity_;
+  uint64_t head_capacity_;
+  uint64_t seq_ = 0;
+  uint64_t partial_head_ = 0;  // next partial to hand out (absolute, modulo capacity in use)
+  uint64_t head_next_ = 0;
+  // Outstanding tickets in launch order and whether each has been collected: ring space is
+  // returned in launch order.
+  struct Outstanding {
+    uint64_t seq, first, blocks, head_slot;
+    bool collected;
+  };
+  std::deque<Outstanding> outstanding_;
+  mutable std::mutex mutex_;
+  uint64_t partial_tail_ = 0;
+  uint64_t head_tail_ = 0;
+};
+
+// Whether a CUDA driver and device are usable; fills `why` when not.
+bool available(std::string* why);
+
+}  // namespace cuda
+}  // namespace opguard

@@ -1,0 +1,153 @@
+"""GPU recording: fingerprints agree with the CPU bit for bit, recording changes nothing and
+never synchronises, and GPU-only divergences are named. Skipped without a CUDA device."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from opguard import _C  # noqa: E402
+from opguard.recorder.tensors import PendingFields, fingerprint_fields  # noqa: E402
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(
+        not (torch.cuda.is_available() and _C.cuda_status()[0]),
+        reason="needs a CUDA device and OpGuard built with CUDA",
+    ),
+]
+
+SCENARIOS = Path(__file__).parent / "cuda_scenarios"
+
+DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+]
+
+
+def _random(shape: tuple[int, ...], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+    raw = torch.randint(0, 256, (*shape, dtype.itemsize), dtype=torch.uint8, generator=generator)
+    return raw.view(dtype).reshape(shape) if shape else raw.view(dtype).reshape(())
+
+
+def _gpu_fields(t: torch.Tensor) -> dict:
+    fields = fingerprint_fields(t)
+    assert isinstance(fields, PendingFields)
+    return fields.resolve()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_fingerprint_equals_cpu(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(1)
+    for shape in [(), (0,), (1,), (7,), (33, 5), (4, 3, 17), (1 << 20,), (257, 1031)]:
+        cpu = _random(shape, dtype, g)
+        gpu = cpu.cuda()
+        views = [(cpu, gpu)]
+        if cpu.dim() >= 2:
+            views.append((cpu.transpose(0, 1), gpu.transpose(0, 1)))
+            views.append((cpu[1:, ::2], gpu[1:, ::2]))
+        if cpu.dim() == 1 and cpu.numel() > 3:
+            views.append((cpu[1:], gpu[1:]))  # unaligned start
+            views.append((cpu[3::3], gpu[3::3]))
+        for c, d in views:
+            expected = fingerprint_fields(c)
+            got = _gpu_fields(d)
+            assert got["h"] == expected["h"], (shape, c.stride())
+            assert got["z"] == expected["z"]
+            assert got["b"] == expected["b"]
+            if "m" in expected:
+                em, gm = expected["m"], got["m"]
+                assert gm[4:] == em[4:]  # NaN and Inf counts exact
+                for e, v in zip(em[:4], gm[:4], strict=True):
+                    assert (e is None and v is None) or v == pytest.approx(e, rel=1e-5, abs=1e-30)
+
+
+def test_expanded_and_large_tensor() -> None:
+    base = torch.randn(1, 4096, device="cuda").expand(512, 4096)
+    assert _gpu_fields(base)["h"] == fingerprint_fields(base.cpu())["h"]
+    big = torch.randn(64 << 20, device="cuda")
+    big[12345] = float("nan")
+    got = _gpu_fields(big)
+    expected = fingerprint_fields(big.cpu())
+    assert got["h"] == expected["h"] and got["m"][4] == 1
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
+
+
+def _record(script: str, run_dir: Path, *script_args: str) -> str:
+    result = _run(
+        "-m",
+        "opguard",
+        "record",
+        "-o",
+        str(run_dir),
+        "--overwrite",
+        "--",
+        str(SCENARIOS / script),
+        *script_args,
+        cwd=run_dir.parent,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _diff(a: Path, b: Path) -> dict:
+    result = _run("-m", "opguard", "diff", str(a), str(b), "--json", cwd=a.parent)
+    assert result.returncode in (0, 1), result.stderr
+    return json.loads(result.stdout)
+
+
+def test_recorded_gpu_losses_are_bit_identical(tmp_path: Path) -> None:
+    plain = _run(str(SCENARIOS / "train_small.py"), cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    recorded = _record("train_small.py", tmp_path / "run")
+    assert recorded.splitlines() == plain.stdout.splitlines()
+
+
+def test_recording_never_synchronises(tmp_path: Path) -> None:
+    result = _run(str(SCENARIOS / "no_sync.py"), str(tmp_path / "run"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "ops recorded" in result.stdout
+
+
+def test_nondeterministic_index_add_is_an_origin(tmp_path: Path) -> None:
+    _record("index_add.py", tmp_path / "a")
+    _record("index_add.py", tmp_path / "b")
+    report = _diff(tmp_path / "a", tmp_path / "b")
+    assert report["verdict"] == "diverged"
+    first = report["first_divergence"]
+    assert first["kind"] == "origin"
+    assert first["a"]["op"].startswith("aten::index_add")
+    assert first["inputs_differ"] == [] and first["arguments_differ"] == []
+
+
+def test_tf32_setting_is_named(tmp_path: Path) -> None:
+    _record("matmul_tf32.py", tmp_path / "a", "off")
+    _record("matmul_tf32.py", tmp_path / "b", "on")
+    report = _diff(tmp_path / "a", tmp_path / "b")
+    first = report["first_divergence"]
+    assert report["verdict"] == "diverged"
+    assert first["kind"] == "origin"  # same inputs, same arguments: the kernel differed
+    assert first["a"]["op"] in ("aten::mm.default", "aten::addmm.default")
