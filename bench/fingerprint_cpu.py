@@ -41,8 +41,9 @@ def median_seconds(fn: Callable[[], object], runs: int = RUNS) -> float:
 
 def hash_only(t: torch.Tensor) -> Callable[[], object]:
     """The native call with kind 0 (opaque): hash and head bytes, no stats."""
-    return lambda: _C.fingerprint(t.data_ptr(), t.element_size(), t.shape, t.stride(), 0,
-                                  HEAD_ELEMENTS)
+    return lambda: _C.fingerprint(
+        t.data_ptr(), t.element_size(), t.shape, t.stride(), 0, HEAD_ELEMENTS
+    )
 
 
 def make_tensors() -> dict[str, torch.Tensor]:
@@ -51,8 +52,9 @@ def make_tensors() -> dict[str, torch.Tensor]:
     return {
         "float32 contiguous": torch.randn(NBYTES // 4, generator=g, dtype=torch.float32),
         "bfloat16 contiguous": torch.randn(NBYTES // 2, generator=g).to(torch.bfloat16),
-        "int64 contiguous": torch.randint(-(2**62), 2**62, (NBYTES // 8,), generator=g,
-                                          dtype=torch.int64),
+        "int64 contiguous": torch.randint(
+            -(2**62), 2**62, (NBYTES // 8,), generator=g, dtype=torch.int64
+        ),
         "float32 transposed": torch.randn(side, side, generator=g, dtype=torch.float32).t(),
     }
 
@@ -62,8 +64,10 @@ def main() -> None:
     tensors = make_tensors()
     has_hash_tensor = hasattr(torch, "hash_tensor")
     columns = ["fingerprint", "hash only", "clone", "contiguous", "hash_tensor"]
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"threads={torch.get_num_threads()}, {NBYTES >> 20} MiB per tensor, median of {RUNS}")
+    print(
+        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+        f"threads={torch.get_num_threads()}, {NBYTES >> 20} MiB per tensor, median of {RUNS}"
+    )
     print(f"{'tensor':<22}" + "".join(f"{c:>20}" for c in columns))
     for name, t in tensors.items():
         assert t.numel() * t.element_size() == NBYTES

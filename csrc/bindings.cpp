@@ -46,8 +46,8 @@ TensorView make_view(uintptr_t address, int64_t itemsize, std::vector<int64_t> s
 
 py::tuple fingerprint(uintptr_t address, int64_t itemsize, std::vector<int64_t> sizes,
                       std::vector<int64_t> strides, int kind_code, int64_t head_elements) {
-  const TensorView view = make_view(address, itemsize, std::move(sizes), std::move(strides),
-                                    kind_code);
+  const TensorView view =
+      make_view(address, itemsize, std::move(sizes), std::move(strides), kind_code);
   Fingerprint fp;
   {
     py::gil_scoped_release release;
@@ -58,8 +58,8 @@ py::tuple fingerprint(uintptr_t address, int64_t itemsize, std::vector<int64_t> 
 
 uint64_t hash_buffer(py::buffer buffer) {
   py::buffer_info info = buffer.request();
-  TensorView view{static_cast<const uint8_t*>(info.ptr), 1, {info.size * info.itemsize}, {1},
-                  Kind::Opaque};
+  TensorView view{
+      static_cast<const uint8_t*>(info.ptr), 1, {info.size * info.itemsize}, {1}, Kind::Opaque};
   py::gil_scoped_release release;
   return opguard::fingerprint_cpu(view, 0).hash;
 }
@@ -73,15 +73,15 @@ void bind_cuda(py::module_& m) {
       .def_readonly("kind", &Ticket::kind);
   py::class_<GpuFingerprinter>(m, "GpuFingerprinter",
                                "Fingerprints device tensors on their stream, without syncing.")
-      .def(py::init<uint64_t, uint64_t>(), py::arg("partial_capacity") = 1 << 18,
-           py::arg("head_capacity") = 1 << 16)
+      .def(py::init<uint64_t, uint64_t>(), py::arg("partial_capacity") = 1 << 20,
+           py::arg("head_capacity") = 1 << 17)
       .def(
           "launch",
           [](GpuFingerprinter& self, uintptr_t address, int64_t itemsize,
              std::vector<int64_t> sizes, std::vector<int64_t> strides, int kind, int device,
              uintptr_t stream, int64_t head_elements, double timeout_s) {
-            const TensorView view = make_view(address, itemsize, std::move(sizes),
-                                              std::move(strides), kind);
+            const TensorView view =
+                make_view(address, itemsize, std::move(sizes), std::move(strides), kind);
             py::gil_scoped_release release;  // may wait for the writer thread to collect
             return self.launch(view, device, stream, head_elements, timeout_s);
           },

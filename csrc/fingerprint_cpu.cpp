@@ -1,7 +1,9 @@
 #include "fingerprint_cpu.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <type_traits>
 
 namespace opguard {
 namespace {
@@ -67,47 +69,168 @@ class WordHasher {
   size_t carry_len_ = 0;
 };
 
-// Accumulates stats for a run of contiguous elements. Eight lanes in a fixed pattern keep the
-// loop free of a serial dependency on `sum` while staying deterministic.
+// Decoders specialised on the kind and item size (no runtime memcpy length, no loops, no
+// branches), for the stats pass. Component `i` of a run: element i / comps, part i % comps.
+inline float bits_to_float(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+inline uint32_t float_to_bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+// Exact and branch-free: the exponent/mantissa bits shifted into a float and rescaled by
+// 2^(127-15) handle normals and subnormals alike; all-ones exponents become Inf/NaN.
+inline float half_to_float_fast(uint16_t h) {
+  const uint32_t em = h & 0x7FFFu;
+  const float scaled = bits_to_float(em << 13) * 0x1p112f;
+  const uint32_t special = 0x7F800000u | (em & 0x3FFu) << 13;
+  const uint32_t bits = em >= 0x7C00u ? special : float_to_bits(scaled);
+  return bits_to_float(bits | static_cast<uint32_t>(h & 0x8000u) << 16);
+}
+
+// 256-entry tables for the 8-bit float formats, filled once from the reference decoder.
 template <Kind K>
-void stats_run(const uint8_t* p, int64_t count, int64_t itemsize, Stats& out) {
+const float* minifloat_table() {
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int v = 0; v < 256; ++v) {
+      const uint8_t b = static_cast<uint8_t>(v);
+      t[v] = static_cast<float>(decode_component(&b, K, 1, 0));
+    }
+    return t;
+  }();
+  return table.data();
+}
+
+template <Kind K, int ISZ>
+inline double decode_fast(const uint8_t* p, int64_t i, const float* table) {
+  if constexpr (K == Kind::Bool) {
+    return p[i] != 0 ? 1.0 : 0.0;
+  } else if constexpr (K == Kind::UInt || K == Kind::Int) {
+    using U = std::conditional_t<
+        ISZ == 1, uint8_t,
+        std::conditional_t<ISZ == 2, uint16_t, std::conditional_t<ISZ == 4, uint32_t, uint64_t>>>;
+    using S = std::make_signed_t<U>;
+    U u;
+    std::memcpy(&u, p + i * ISZ, ISZ);
+    if constexpr (K == Kind::Int)
+      return static_cast<double>(static_cast<S>(u));
+    else
+      return static_cast<double>(u);
+  } else if constexpr (K == Kind::Float16 || K == Kind::Complex32) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * i, 2);
+    return half_to_float_fast(h);
+  } else if constexpr (K == Kind::BFloat16) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * i, 2);
+    return bits_to_float(static_cast<uint32_t>(h) << 16);
+  } else if constexpr (K == Kind::Float32 || K == Kind::Complex64) {
+    float f;
+    std::memcpy(&f, p + 4 * i, 4);
+    return f;
+  } else if constexpr (K == Kind::Float64 || K == Kind::Complex128) {
+    double d;
+    std::memcpy(&d, p + 8 * i, 8);
+    return d;
+  } else {  // 8-bit floats
+    return table[p[i]];
+  }
+}
+
+// Accumulates stats for a run of contiguous elements, branch-free: each component is
+// classified with one comparison (|v| <= DBL_MAX is false exactly for NaN and +-Inf) and
+// folded in with selects, in eight lanes with a fixed pattern (deterministic sum order).
+template <Kind K, int ISZ>
+void stats_run(const uint8_t* p, int64_t count, int64_t /*itemsize*/, Stats& out) {
   constexpr int kLanes = 8;
-  Stats lanes[kLanes];
-  for (auto& l : lanes) l = Stats::empty();
-  const int comps = components_of(K);
+  constexpr double kInf = __builtin_inf();
+  const float* table = nullptr;
+  if constexpr (K == Kind::F8E4M3FN || K == Kind::F8E4M3FNUZ || K == Kind::F8E5M2 ||
+                K == Kind::F8E5M2FNUZ || K == Kind::F8E8M0FNU)
+    table = minifloat_table<K>();
+  double mn[kLanes], mx[kLanes], sum[kLanes], amax[kLanes];
+  uint64_t fin[kLanes], nan[kLanes];
+  for (int l = 0; l < kLanes; ++l) {
+    mn[l] = kInf;
+    mx[l] = -kInf;
+    sum[l] = 0.0;
+    amax[l] = 0.0;
+    fin[l] = 0;
+    nan[l] = 0;
+  }
+  const int64_t n = count * components_of(K);
+  auto step = [&](int l, double v) {
+    const double a = __builtin_fabs(v);
+    const bool finite = a <= __DBL_MAX__;
+    const double lo = finite ? v : kInf, hi = finite ? v : -kInf;
+    mn[l] = lo < mn[l] ? lo : mn[l];
+    mx[l] = hi > mx[l] ? hi : mx[l];
+    const double fa = finite ? a : 0.0;
+    amax[l] = fa > amax[l] ? fa : amax[l];
+    sum[l] += finite ? v : 0.0;
+    fin[l] += finite;
+    nan[l] += v != v;
+  };
   int64_t i = 0;
-  for (; i + kLanes <= count; i += kLanes)
-    for (int l = 0; l < kLanes; ++l)
-      for (int c = 0; c < comps; ++c)
-        lanes[l].add(decode_component(p + (i + l) * itemsize, K, static_cast<int>(itemsize), c));
-  for (; i < count; ++i)
-    for (int c = 0; c < comps; ++c)
-      lanes[0].add(decode_component(p + i * itemsize, K, static_cast<int>(itemsize), c));
-  for (auto& l : lanes) out.merge(l);
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) step(l, decode_fast<K, ISZ>(p, i + l, table));
+  for (; i < n; ++i) step(0, decode_fast<K, ISZ>(p, i, table));
+  for (int l = 0; l < kLanes; ++l) {
+    Stats s{mn[l], mx[l], sum[l], amax[l], fin[l], nan[l], 0};
+    out.merge(s);
+  }
+  out.inf += static_cast<uint64_t>(n) - [&] {
+    uint64_t t = 0;
+    for (int l = 0; l < kLanes; ++l) t += fin[l] + nan[l];
+    return t;
+  }();
 }
 
 using StatsFn = void (*)(const uint8_t*, int64_t, int64_t, Stats&);
 
-StatsFn stats_fn_for(Kind kind) {
+template <Kind K>
+StatsFn by_itemsize(int64_t itemsize) {
+  switch (itemsize) {
+    case 1:
+      return &stats_run<K, 1>;
+    case 2:
+      return &stats_run<K, 2>;
+    case 4:
+      return &stats_run<K, 4>;
+    case 8:
+      return &stats_run<K, 8>;
+    default:
+      return nullptr;
+  }
+}
+
+StatsFn stats_fn_for(Kind kind, int64_t itemsize) {
   switch (kind) {
+    case Kind::UInt:
+      return by_itemsize<Kind::UInt>(itemsize);
+    case Kind::Int:
+      return by_itemsize<Kind::Int>(itemsize);
 #define OPG_CASE(K) \
   case Kind::K:     \
-    return &stats_run<Kind::K>;
-    OPG_CASE(Bool)
-    OPG_CASE(UInt)
-    OPG_CASE(Int)
-    OPG_CASE(Float16)
-    OPG_CASE(BFloat16)
-    OPG_CASE(Float32)
-    OPG_CASE(Float64)
-    OPG_CASE(Complex32)
-    OPG_CASE(Complex64)
-    OPG_CASE(Complex128)
-    OPG_CASE(F8E4M3FN)
-    OPG_CASE(F8E4M3FNUZ)
-    OPG_CASE(F8E5M2)
-    OPG_CASE(F8E5M2FNUZ)
-    OPG_CASE(F8E8M0FNU)
+    return &stats_run<Kind::K, 0>;
+      OPG_CASE(Bool)
+      OPG_CASE(Float16)
+      OPG_CASE(BFloat16)
+      OPG_CASE(Float32)
+      OPG_CASE(Float64)
+      OPG_CASE(Complex32)
+      OPG_CASE(Complex64)
+      OPG_CASE(Complex128)
+      OPG_CASE(F8E4M3FN)
+      OPG_CASE(F8E4M3FNUZ)
+      OPG_CASE(F8E5M2)
+      OPG_CASE(F8E5M2FNUZ)
+      OPG_CASE(F8E8M0FNU)
 #undef OPG_CASE
     default:
       return nullptr;
@@ -138,7 +261,7 @@ Fingerprint fingerprint_cpu(const TensorView& view, int64_t head_elements) {
   if (numel == 0) return fp;
 
   const int64_t isz = view.itemsize;
-  const StatsFn stats = stats_fn_for(view.kind);
+  const StatsFn stats = stats_fn_for(view.kind, view.itemsize);
   WordHasher hasher;
   const int64_t head_bytes = std::min(head_elements, numel) * isz;
   fp.head.reserve(static_cast<size_t>(head_bytes));

@@ -1,3 +1,4 @@
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -14,8 +15,7 @@ namespace opguard {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kMaxBlocks = 528;  // 4 per SM on an H100/H200: enough bytes in flight for DRAM
+constexpr int kThreads = 512;
 
 struct Args {
   const uint8_t* data;
@@ -40,9 +40,11 @@ void check(cudaError_t err, const char* what) {
 }
 
 // Per-thread statistics in the accumulation type of the element kind.
+// The sum is kept in double whatever the element type: a float sum of large values overflows.
 template <typename Acc>
 struct ThreadStats {
-  Acc mn = INFINITY, mx = -INFINITY, amax = 0, sum = 0;
+  Acc mn = INFINITY, mx = -INFINITY, amax = 0;
+  double sum = 0;
   uint32_t nan = 0, inf = 0;
 
   __device__ __forceinline__ void add(Acc v) {
@@ -53,7 +55,7 @@ struct ThreadStats {
     mn = finite && v < mn ? v : mn;
     mx = finite && v > mx ? v : mx;
     amax = finite && a > amax ? a : amax;
-    sum += finite ? v : static_cast<Acc>(0);
+    sum += finite ? static_cast<double>(v) : 0.0;
   }
 };
 
@@ -85,7 +87,7 @@ struct Decode<static_cast<int>(Kind::Float16)> {
   using Acc = float;
   static constexpr int kComponentBytes = 2;
   __device__ static float get(uint64_t w, int c) {
-    return half_to_float(static_cast<uint16_t>(w >> (16 * c)));
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> (16 * c))));
   }
 };
 template <>
@@ -237,7 +239,11 @@ __global__ void __launch_bounds__(kThreads) fingerprint_kernel(const Args a) {
     const uint64_t pairs = a.nbytes / 16;
     const uint4* v = reinterpret_cast<const uint4*>(a.data);
     uint64_t p = j;
-    for (; p + 3 * stride < pairs; p += 4 * stride) {
+    // mix_word(w, i) == fmix64(w ^ key(i)) with key(i) = i * kIndexKey + kIndexSalt: keys are
+    // advanced by addition instead of a 64-bit multiply per word.
+    const uint64_t key_step = 2 * stride * kIndexKey;
+    uint64_t key = 2 * p * kIndexKey + kIndexSalt;
+    for (; p + 3 * stride < pairs; p += 4 * stride, key += 4 * key_step) {
       uint4 r[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) r[u] = __ldcs(v + p + u * stride);
@@ -245,8 +251,8 @@ __global__ void __launch_bounds__(kThreads) fingerprint_kernel(const Args a) {
       for (int u = 0; u < 4; ++u) {
         const uint64_t w0 = (static_cast<uint64_t>(r[u].y) << 32) | r[u].x;
         const uint64_t w1 = (static_cast<uint64_t>(r[u].w) << 32) | r[u].z;
-        const uint64_t idx = 2 * (p + u * stride);
-        hash += mix_word(w0, idx) + mix_word(w1, idx + 1);
+        const uint64_t k = key + u * key_step;
+        hash += fmix64(w0 ^ k) + fmix64(w1 ^ (k + kIndexKey));
         word_stats<K>(w0, 8, a, st);
         word_stats<K>(w1, 8, a, st);
       }
@@ -269,9 +275,8 @@ __global__ void __launch_bounds__(kThreads) fingerprint_kernel(const Args a) {
   }
   if (blockIdx.x == 0 && threadIdx.x < a.head_bytes) {
     const int b = threadIdx.x;
-    const uint8_t* src = kContiguous
-                             ? a.data + b
-                             : a.data + element_offset(a, b / a.itemsize) + b % a.itemsize;
+    const uint8_t* src =
+        kContiguous ? a.data + b : a.data + element_offset(a, b / a.itemsize) + b % a.itemsize;
     a.head[b] = *src;
     __threadfence_system();  // visible to the host before block 0 publishes its sequence number
   }
@@ -345,6 +350,10 @@ GpuFingerprinter::GpuFingerprinter(uint64_t partial_capacity, uint64_t head_capa
                       cudaHostAllocMapped | cudaHostAllocPortable),
         "allocating the head-bytes ring");
   for (uint64_t i = 0; i < partial_capacity; ++i) partials_[i].seq = 0xFFFFFFFFu;
+  int device = 0, sms = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
+  max_blocks_ = static_cast<uint64_t>(std::max(1, sms));
 }
 
 GpuFingerprinter::~GpuFingerprinter() {
@@ -414,9 +423,11 @@ Ticket GpuFingerprinter::launch(const TensorView& view, int device, uintptr_t st
       std::min<uint64_t>(a.nbytes, static_cast<uint64_t>(head_elements) * view.itemsize));
   a.head_bytes = std::min(a.head_bytes, kHeadBytes);
 
+  // One block per SM keeps ~4 MB of loads in flight on an H200 (enough for its DRAM) while
+  // keeping the partials each launch writes, and the host reduces, few.
   const uint64_t per_block = static_cast<uint64_t>(kThreads) * 8;  // words per block per pass
   const uint64_t blocks = std::max<uint64_t>(
-      1, std::min<uint64_t>(kMaxBlocks, (a.nwords + per_block - 1) / per_block));
+      1, std::min<uint64_t>(max_blocks_, (a.nwords + per_block - 1) / per_block));
   if (!wait_for_space(blocks, timeout_s)) {
     throw std::runtime_error("fingerprint results were not collected in time (ring full)");
   }

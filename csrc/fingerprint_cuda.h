@@ -31,9 +31,9 @@ struct alignas(16) Partial {
 };
 
 struct Ticket {
-  uint64_t seq = 0;      // launch sequence number (lower 32 bits are written by the GPU)
-  uint64_t first = 0;    // first partial in the ring (absolute position)
-  uint32_t blocks = 0;   // partials this launch writes
+  uint64_t seq = 0;     // launch sequence number (lower 32 bits are written by the GPU)
+  uint64_t first = 0;   // first partial in the ring (absolute position)
+  uint32_t blocks = 0;  // partials this launch writes
   uint64_t head_slot = 0;
   uint64_t nbytes = 0;
   uint64_t numel = 0;
@@ -67,6 +67,7 @@ class GpuFingerprinter {
   Partial* partials_ = nullptr;  // host pointer (mapped; same address on the device with UVA)
   uint8_t* heads_ = nullptr;
   uint64_t partial_capacity_;
+  uint64_t max_blocks_ = 132;  // blocks per launch: the SM count
   uint64_t head_capacity_;
   uint64_t seq_ = 0;
   uint64_t partial_head_ = 0;  // next partial to hand out (absolute, modulo capacity in use)

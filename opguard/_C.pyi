@@ -40,4 +40,9 @@ class GpuFingerprinter:
     def ready(self, ticket: GpuTicket) -> bool: ...
     def collect(
         self, ticket: GpuTicket, timeout_s: float = 600.0
-    ) -> tuple[int, int, bytes, tuple[float | None, float | None, float | None, float | None, int, int] | None]: ...
+    ) -> tuple[
+        int,
+        int,
+        bytes,
+        tuple[float | None, float | None, float | None, float | None, int, int] | None,
+    ]: ...

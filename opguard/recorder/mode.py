@@ -8,9 +8,7 @@ the trace.
 
 from __future__ import annotations
 
-import contextlib
 import traceback
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +19,8 @@ from ..store import schema
 from .arguments import encode, generator_fingerprint
 from .callsite import CallSites
 from .ops import OpInfo, op_info
-from .tensors import PendingFields, describe, fingerprint_fields
+from .provenance import Provenance
+from .tensors import PendingFields, describe, fingerprint_fields, view_fields
 
 _BACKWARD = schema.PHASES.index("backward")
 _OPTIMIZER = schema.PHASES.index("optimizer")
@@ -34,26 +33,6 @@ Pending = list[tuple[Fields, PendingFields]]  # entries whose GPU fingerprint is
 # Bookkeeping ops that compute nothing: record_function markers carry object addresses that
 # differ between runs of the same program.
 UNRECORDED_NAMESPACES = frozenset({"profiler"})
-
-
-class _Known:
-    """What the recorder last saw of a live tensor: who wrote it and its content fields."""
-
-    __slots__ = ("fields", "index", "ref", "slot", "version")
-
-    def __init__(
-        self,
-        ref: weakref.ref,
-        index: int | None,
-        slot: int,
-        version: int,
-        fields: Fields | PendingFields | None,
-    ) -> None:
-        self.ref = ref
-        self.index = index
-        self.slot = slot
-        self.version = version
-        self.fields = fields  # None: a view, read on first use
 
 
 class StepState:
@@ -74,10 +53,10 @@ class OpRecorder(TorchDispatchMode):
         self._sites = CallSites(writer)
         self._on_failure = on_failure
         self._infos: dict[Any, OpInfo] = {}
-        self._known: dict[int, _Known] = {}
-        self._last_writer: dict[int, _Known] = {}  # storage address -> its last recorded write
-        self._unsettled: list[tuple[torch.Tensor, _Known]] = []
+        self._provenance = Provenance()
         self._pending: Pending = []
+        # The op's first tensor input and its fields: the base of a view op's outputs.
+        self._base: tuple[torch.Tensor, Fields | PendingFields | None] | None = None
         self._forward_sites: dict[int, tuple[int, int | None, int | None]] = {}
         self._last_sequence_nr = -1
         self.next_index = 0
@@ -112,16 +91,16 @@ class OpRecorder(TorchDispatchMode):
         """Drops per-step state at a step boundary: forward call sites of backward ops, and
         the storage-level writers (kept for aliases written through short-lived views)."""
         self._forward_sites.clear()
-        self._last_writer.clear()
+        self._provenance.forget_step()
 
     # -- before the op: inputs, arguments, RNG ----------------------------------------------
 
     def _before(self, func: Any, args: tuple, kwargs: dict) -> tuple:
         if self._writer.error is not None:
             raise RuntimeError(f"trace writer failed: {self._writer.error}")
-        if self._unsettled:
-            self._settle_versions()
+        self._provenance.settle()
         self._pending = []
+        self._base = None
         info = self._infos.get(func)
         if info is None:
             info = self._infos[func] = op_info(func, self._writer.intern_name)
@@ -164,27 +143,31 @@ class OpRecorder(TorchDispatchMode):
 
     def _input_entry(self, slot: str, tensor: torch.Tensor) -> Fields:
         entry = describe(tensor, slot)
-        known = self._known.get(id(tensor))
-        if (
-            known is not None
-            and known.ref() is tensor
-            and known.version >= 0
-            and known.version == _version_of(tensor)
-        ):
+        known, exact = self._provenance.find(tensor)
+        fields: Fields | PendingFields | None = None
+        if known is not None and exact:
             if known.fields is None:
                 known.fields = fingerprint_fields(tensor)
-            self._attach(entry, known.fields)
-            if known.index is not None:
-                entry["p"] = [known.index, known.slot]
-            return entry
-        fields = fingerprint_fields(tensor)
-        self._attach(entry, fields)
-        writer = self._storage_writer(tensor)
-        if writer is not None and writer.index is not None:
-            entry["p"] = [writer.index, writer.slot]
-            self._remember(tensor, writer.index, writer.slot, fields)
+            fields = known.fields
         else:
-            self._remember(tensor, None, 0, fields)
+            if known is not None:  # a view of a known write, re-wrapped by C++ code
+                fields = view_fields(
+                    tensor, known.ptr, known.nbytes if known.contiguous else None, known.fields
+                )
+            if fields is None:
+                fields = fingerprint_fields(tensor)
+            self._provenance.remember(
+                tensor,
+                known.index if known else None,
+                known.slot if known else 0,
+                fields,
+                owns_storage=known is None,
+            )
+        self._attach(entry, fields)
+        if self._base is None:
+            self._base = (tensor, fields)
+        if known is not None and known.index is not None:
+            entry["p"] = [known.index, known.slot]
         return entry
 
     def _attach(self, entry: Fields, fields: Fields | PendingFields) -> None:
@@ -193,24 +176,6 @@ class OpRecorder(TorchDispatchMode):
             self._pending.append((entry, fields))
         else:
             entry.update(fields)
-
-    def _storage_writer(self, tensor: torch.Tensor) -> _Known | None:
-        """The op that last wrote this tensor's storage (through another alias of it), when no
-        write has happened since."""
-        try:
-            last = self._last_writer.get(tensor.untyped_storage().data_ptr())
-        except RuntimeError:
-            return None
-        if last is not None and last.version >= 0 and last.version == _version_of(tensor):
-            return last
-        return None
-
-    def _settle_versions(self) -> None:
-        """In-place ops bump the version counter after the dispatch mode returns, so the
-        versions of the previous op's written tensors are read when the next op starts."""
-        for tensor, known in self._unsettled:
-            known.version = _version_of(tensor)
-        self._unsettled.clear()
 
     def _rng_state(
         self, generator: torch.Generator | None, args: tuple, kwargs: dict
@@ -276,7 +241,18 @@ class OpRecorder(TorchDispatchMode):
             fields = {"f": schema.FLAG_UNINITIALIZED}
         elif info.is_view:
             base_uninitialized = bool(inputs) and inputs[0].get("f", 0) & schema.FLAG_UNINITIALIZED
-            fields = {"f": schema.FLAG_UNINITIALIZED} if base_uninitialized else None
+            if base_uninitialized:
+                fields = {"f": schema.FLAG_UNINITIALIZED}
+            elif self._base is not None:
+                base, base_fields = self._base
+                fields = view_fields(
+                    tensor,
+                    base.data_ptr(),
+                    _nbytes(base) if base.is_contiguous() else None,
+                    base_fields,
+                )
+            else:
+                fields = None
             entry["f"] = schema.FLAG_VIEW
         else:
             fields = fingerprint_fields(tensor)
@@ -286,32 +262,15 @@ class OpRecorder(TorchDispatchMode):
             entry["f"] = entry.get("f", 0) | schema.FLAG_WRITTEN
         output_slot = len(outputs)
         outputs.append(entry)
-        known = self._remember(tensor, index, output_slot, fields)
-        if was_written:
-            self._unsettled.append((tensor, known))
-        if not info.is_view:
-            with contextlib.suppress(RuntimeError):
-                self._last_writer[tensor.untyped_storage().data_ptr()] = known
-
-    def _remember(
-        self,
-        tensor: torch.Tensor,
-        index: int | None,
-        slot: int,
-        fields: Fields | PendingFields | None,
-    ) -> _Known:
-        key = id(tensor)
-        known = self._known
-
-        def forget(ref: weakref.ref, key: int = key) -> None:
-            entry = known.get(key)
-            if entry is not None and entry.ref is ref:
-                del known[key]
-
-        entry = known[key] = _Known(
-            weakref.ref(tensor, forget), index, slot, _version_of(tensor), fields
+        self._provenance.remember(
+            tensor,
+            index,
+            output_slot,
+            fields,
+            is_view=info.is_view,
+            written=was_written,
+            owns_storage=not info.is_view,
         )
-        return entry
 
     def _locate(self, index: int, record: dict[str, Any]) -> None:
         """Phase, call site and stack; backward ops borrow their forward op's call site."""
@@ -372,14 +331,6 @@ def _returned_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
     return found
 
 
-def _version_of(tensor: torch.Tensor) -> int:
-    """The tensor's version counter; inference tensors have none (-1: never trusted)."""
-    try:
-        return int(tensor._version)
-    except RuntimeError:
-        return -1
-
-
 def _finisher(record: Fields, pending: Pending) -> Callable[[], Fields]:
     """A record completed on the writer thread, once its GPU fingerprints have landed."""
 
@@ -397,3 +348,7 @@ def _op_device(args: tuple, kwargs: dict) -> torch.device:
             return value.device
     device = kwargs.get("device")
     return torch.device(device) if device is not None else torch.device("cpu")
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()

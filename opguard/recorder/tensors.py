@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import torch
@@ -93,6 +94,9 @@ def fingerprint_fields(tensor: torch.Tensor) -> Fields | PendingFields:
     a device tensor, a :class:`PendingFields` resolved once its kernel has run."""
     if not is_readable(tensor):
         return {"f": schema.FLAG_UNREADABLE}
+    if tensor.is_conj() or tensor.is_neg():
+        # torch applies these bits lazily: the stored bytes are not the values
+        tensor = tensor.resolve_conj().resolve_neg()
     _, kind, itemsize = _dtype_info(tensor.dtype)
     if tensor.device.type == "cuda":
         device = tensor.device.index or 0
@@ -114,8 +118,68 @@ def fingerprint_fields(tensor: torch.Tensor) -> Fields | PendingFields:
     )
 
 
+class DerivedFields(PendingFields):
+    """A view's fields derived from its base's, once the base's GPU fingerprint is known."""
+
+    __slots__ = ("_base", "_geometry", "_nbytes")
+
+    def __init__(self, base: PendingFields, geometry: tuple[int, ...], nbytes: int) -> None:
+        super().__init__(None)
+        self._base = base
+        self._geometry = geometry
+        self._nbytes = nbytes
+
+    def resolve(self) -> Fields:
+        if self._fields is None:
+            self._fields = _derived(self._base.resolve()["h"], self._geometry, self._nbytes)
+        return self._fields
+
+
+def _derived(base_hash: int, geometry: tuple[int, ...], nbytes: int) -> Fields:
+    packed = struct.pack(f"<Q{len(geometry)}q", base_hash, *geometry)
+    return {"h": int(_C.hash_buffer(packed)), "z": nbytes, "f": schema.FLAG_VIEW}
+
+
+def view_fields(
+    view: torch.Tensor,
+    base_ptr: int,
+    base_nbytes: int | None,
+    base_fields: Fields | PendingFields | None,
+) -> Fields | PendingFields | None:
+    """The fingerprint of a view, derived from its base's without reading memory.
+
+    A view's content is a function of its base's content and of the view's geometry (offset,
+    dtype, sizes, strides), so equal bases and equal geometry mean equal views: the derived hash
+    keeps every comparison the diff makes, at no cost on the device. Returns None when the view
+    reaches outside its base's bytes ``[base_ptr, base_ptr + base_nbytes)`` (None: the base is
+    not contiguous) or the base's content is unknown; the view is then read when an op uses it.
+    """
+    if base_fields is None or base_nbytes is None or not is_readable(view):
+        return None
+    if isinstance(base_fields, dict) and "h" not in base_fields:
+        return None
+    _, kind, itemsize = _dtype_info(view.dtype)
+    offset = view.data_ptr() - base_ptr
+    lo, hi = offset, offset + itemsize
+    for size, stride in zip(view.shape, view.stride(), strict=True):
+        if size == 0:
+            lo, hi = offset, offset
+            break
+        span = (size - 1) * stride * itemsize
+        lo, hi = lo + min(0, span), hi + max(0, span)
+    if lo < 0 or hi > base_nbytes:
+        return None
+    geometry = (offset, kind, itemsize, *view.shape, *view.stride())
+    nbytes = view.numel() * itemsize
+    if isinstance(base_fields, PendingFields):
+        return DerivedFields(base_fields, geometry, nbytes)
+    return _derived(base_fields["h"], geometry, nbytes)
+
+
 def content_hash(tensor: torch.Tensor) -> int:
     """Fingerprint of a contiguous CPU tensor's bytes (used for RNG states)."""
+    if tensor.numel() == 0:
+        return 0
     return int(
         _C.fingerprint(tensor.data_ptr(), tensor.numel() * tensor.itemsize, [1], [1], 0, 0)[0]
     )

@@ -19,6 +19,7 @@ import msgpack
 
 from . import schema
 
+GPU_BATCH = 256  # pending GPU records that wake the writer
 # 1 TiB of address space: LMDB maps it lazily and the file only grows as pages are written.
 MAP_SIZE = 1 << 40
 
@@ -90,8 +91,9 @@ class TraceWriter:
         (GPU records finish there once their device results have landed)."""
         with self._lock:
             self._pending.append(("ops", schema.op_key(index), record))
-            full = len(self._pending) >= self._batch_size
-        if full:
+            count = len(self._pending)
+        # GPU records hold fingerprint ring space until packed: drain them in small batches.
+        if count >= self._batch_size or (callable(record) and count % GPU_BATCH == 0):
             self._wake.set()
 
     def _run(self) -> None:

@@ -1,0 +1,147 @@
+"""Where each live tensor came from, and what its content fingerprint is.
+
+The recorder asks this before reading a tensor: if a recorded op wrote it (or it is a view of
+something recorded) and nothing wrote it since, its fingerprint is already known and its
+producer is that op. Three lookups, cheapest first:
+
+1. by Python object (weakly held), for tensors that stay alive in Python;
+2. by geometry (address, dtype, shape, strides) among the views made this step, for views that
+   C++ composites create, re-wrap and pass on (``F.linear`` passing ``weight.t()`` to ``addmm``);
+3. by storage, for the last non-view write of each storage (and leaves read so far): an exact
+   geometry match is that tensor; anything else is a view of it, whose fingerprint is derived.
+
+Validity is the version counter torch bumps on every in-place write (shared by views of one
+storage). In-place ops bump it after the dispatch mode returns, so written tensors are
+"settled" (their version re-read) when the next op starts.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from .tensors import Fields, PendingFields
+
+Content = Fields | PendingFields | None  # None: not read yet
+
+
+class Known:
+    __slots__ = (
+        "contiguous",
+        "fields",
+        "geometry",
+        "index",
+        "nbytes",
+        "ptr",
+        "ref",
+        "slot",
+        "version",
+    )
+
+    def __init__(
+        self, tensor: torch.Tensor, ref: weakref.ref, index: int | None, slot: int, fields: Content
+    ) -> None:
+        self.ref = ref
+        self.index = index  # producing op, None for a leaf
+        self.slot = slot
+        self.version = version_of(tensor)
+        self.fields = fields
+        self.geometry = geometry_of(tensor)
+        self.ptr = self.geometry[0]
+        self.nbytes = tensor.numel() * tensor.element_size()
+        self.contiguous = tensor.is_contiguous()
+
+    def valid_for(self, tensor: torch.Tensor) -> bool:
+        return self.version >= 0 and self.version == version_of(tensor)
+
+
+def version_of(tensor: torch.Tensor) -> int:
+    """The tensor's version counter; inference tensors have none (-1: never trusted)."""
+    try:
+        return int(tensor._version)
+    except RuntimeError:
+        return -1
+
+
+def geometry_of(tensor: torch.Tensor) -> tuple[Any, ...]:
+    return (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
+
+
+def storage_of(tensor: torch.Tensor) -> int | None:
+    try:
+        return int(tensor.untyped_storage().data_ptr())
+    except RuntimeError:  # no storage (meta, sparse, nested, some subclasses)
+        return None
+
+
+class Provenance:
+    def __init__(self) -> None:
+        self._by_object: dict[int, Known] = {}
+        self._views: dict[tuple[Any, ...], Known] = {}
+        self._by_storage: dict[int, Known] = {}
+        self._unsettled: list[tuple[torch.Tensor, Known]] = []
+
+    def find(self, tensor: torch.Tensor) -> tuple[Known | None, bool]:
+        """(what is known, whether it is exactly this tensor). Not exact: ``Known`` is the
+        storage's last write and ``tensor`` a view of it."""
+        known = self._by_object.get(id(tensor))
+        if known is not None and known.ref() is tensor and known.valid_for(tensor):
+            return known, True
+        geometry = geometry_of(tensor)
+        known = self._views.get(geometry)
+        if known is not None and known.valid_for(tensor):
+            return known, True
+        storage = storage_of(tensor)
+        known = self._by_storage.get(storage) if storage is not None else None
+        if known is not None and known.valid_for(tensor):
+            return known, known.geometry == geometry
+        return None, False
+
+    def remember(
+        self,
+        tensor: torch.Tensor,
+        index: int | None,
+        slot: int,
+        fields: Content,
+        *,
+        is_view: bool = False,
+        written: bool = False,
+        owns_storage: bool = False,
+    ) -> Known:
+        """Records what is known of ``tensor``: output ``slot`` of op ``index`` (None: a leaf).
+        ``owns_storage``: the tensor is its storage's latest content (a non-view output, or a
+        leaf read for the first time), so views of it can be derived."""
+        key = id(tensor)
+        by_object = self._by_object
+
+        def forget(ref: weakref.ref, key: int = key) -> None:
+            entry = by_object.get(key)
+            if entry is not None and entry.ref is ref:
+                del by_object[key]
+
+        known = Known(tensor, weakref.ref(tensor, forget), index, slot, fields)
+        by_object[key] = known
+        if is_view:
+            self._views[known.geometry] = known
+        if owns_storage:
+            storage = storage_of(tensor)
+            if storage is not None:
+                self._by_storage[storage] = known
+        if written:
+            self._unsettled.append((tensor, known))
+        return known
+
+    def settle(self) -> None:
+        """Re-reads the versions of the last op's written tensors (bumped after it returned)."""
+        if self._unsettled:
+            for tensor, known in self._unsettled:
+                known.version = version_of(tensor)
+            self._unsettled.clear()
+
+    def forget_step(self) -> None:
+        """Views and storage owners are looked up by address, which the allocator reuses: keep
+        them for one step (a step's backward may use its forward's)."""
+        self._views.clear()
+        self._by_storage.clear()
