@@ -110,6 +110,9 @@ def main() -> None:
             times[name] += timed(step, ctx, args.steps)
             peak[name] = max(peak.get(name, 0), torch.cuda.max_memory_allocated())
 
+    from opguard.recorder import tensors as recorder_tensors
+
+    launches = recorder_tensors._GPU.launches if recorder_tensors._GPU is not None else 0
     last = Run(traces[-1])
     ops = len(last.rank(0))
     trace_bytes = sum(f.stat().st_size for f in traces[-1].rglob("*.mdb"))
@@ -133,6 +136,7 @@ def main() -> None:
         "steps": args.steps,
         "ops_per_step": ops / steps_recorded,
         "trace_bytes_per_step": trace_bytes / steps_recorded,
+        "fingerprint_launches_per_step": launches / (args.steps * args.rounds + 2),
         "modes": rows,
     }
     print(

@@ -88,10 +88,8 @@ class OpRecorder(TorchDispatchMode):
         self._on_failure(self.next_index, exc)
 
     def forget_step(self) -> None:
-        """Drops per-step state at a step boundary: forward call sites of backward ops, and
-        the storage-level writers (kept for aliases written through short-lived views)."""
+        """Drops per-step state at a step boundary: the forward call sites of backward ops."""
         self._forward_sites.clear()
-        self._provenance.forget_step()
 
     # -- before the op: inputs, arguments, RNG ----------------------------------------------
 

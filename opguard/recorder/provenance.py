@@ -2,17 +2,20 @@
 
 The recorder asks this before reading a tensor: if a recorded op wrote it (or it is a view of
 something recorded) and nothing wrote it since, its fingerprint is already known and its
-producer is that op. Three lookups, cheapest first:
+producer is that op. Two lookups:
 
 1. by Python object (weakly held), for tensors that stay alive in Python;
-2. by geometry (address, dtype, shape, strides) among the views made this step, for views that
-   C++ composites create, re-wrap and pass on (``F.linear`` passing ``weight.t()`` to ``addmm``);
-3. by storage, for the last non-view write of each storage (and leaves read so far): an exact
-   geometry match is that tensor; anything else is a view of it, whose fingerprint is derived.
+2. by storage, for the last non-view write of each storage (and leaves read so far), while that
+   storage is alive: an exact geometry match is that tensor; anything else is a view of it
+   (C++ composites create views and pass them on in new Python objects, as ``F.linear`` does
+   with ``weight.t()``), whose fingerprint is derived from its base's.
 
-Validity is the version counter torch bumps on every in-place write (shared by views of one
-storage). In-place ops bump it after the dispatch mode returns, so written tensors are
-"settled" (their version re-read) when the next op starts.
+The storage must be alive (a weak reference to its Python object, which torch keeps for as long
+as the storage lives) because the allocator reuses addresses: a freed storage's address may
+now hold an unrelated tensor with an equal version number. Validity is the version counter torch
+bumps on every in-place write (shared by views of one storage). In-place ops bump it after the
+dispatch mode returns, so written tensors are "settled" (their version re-read) when the next
+op starts.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class Known:
         "ptr",
         "ref",
         "slot",
+        "storage",
+        "storage_ref",
         "version",
     )
 
@@ -52,6 +57,9 @@ class Known:
         self.ptr = self.geometry[0]
         self.nbytes = tensor.numel() * tensor.element_size()
         self.contiguous = tensor.is_contiguous()
+        # Set when it holds its storage's latest content: the storage's address, kept alive.
+        self.storage: int | None = None
+        self.storage_ref: weakref.ref | None = None
 
     def valid_for(self, tensor: torch.Tensor) -> bool:
         return self.version >= 0 and self.version == version_of(tensor)
@@ -79,7 +87,6 @@ def storage_of(tensor: torch.Tensor) -> int | None:
 class Provenance:
     def __init__(self) -> None:
         self._by_object: dict[int, Known] = {}
-        self._views: dict[tuple[Any, ...], Known] = {}
         self._by_storage: dict[int, Known] = {}
         self._unsettled: list[tuple[torch.Tensor, Known]] = []
 
@@ -89,14 +96,15 @@ class Provenance:
         known = self._by_object.get(id(tensor))
         if known is not None and known.ref() is tensor and known.valid_for(tensor):
             return known, True
-        geometry = geometry_of(tensor)
-        known = self._views.get(geometry)
-        if known is not None and known.valid_for(tensor):
-            return known, True
         storage = storage_of(tensor)
         known = self._by_storage.get(storage) if storage is not None else None
-        if known is not None and known.valid_for(tensor):
-            return known, known.geometry == geometry
+        if (
+            known is not None
+            and known.storage_ref is not None
+            and known.storage_ref() is not None
+            and known.valid_for(tensor)
+        ):
+            return known, known.geometry == geometry_of(tensor)
         return None, False
 
     def remember(
@@ -114,7 +122,7 @@ class Provenance:
         ``owns_storage``: the tensor is its storage's latest content (a non-view output, or a
         leaf read for the first time), so views of it can be derived."""
         key = id(tensor)
-        by_object = self._by_object
+        by_object, by_storage = self._by_object, self._by_storage
 
         def forget(ref: weakref.ref, key: int = key) -> None:
             entry = by_object.get(key)
@@ -123,12 +131,20 @@ class Provenance:
 
         known = Known(tensor, weakref.ref(tensor, forget), index, slot, fields)
         by_object[key] = known
-        if is_view:
-            self._views[known.geometry] = known
         if owns_storage:
-            storage = storage_of(tensor)
-            if storage is not None:
-                self._by_storage[storage] = known
+            try:
+                storage = tensor.untyped_storage()
+            except RuntimeError:  # no storage (meta, sparse, nested, some subclasses)
+                return known
+            address = known.storage = int(storage.data_ptr())
+
+            def forget_storage(ref: weakref.ref, address: int = address) -> None:
+                entry = by_storage.get(address)
+                if entry is not None and entry.storage_ref is ref:
+                    del by_storage[address]
+
+            known.storage_ref = weakref.ref(storage, forget_storage)
+            by_storage[address] = known
         if written:
             self._unsettled.append((tensor, known))
         return known
@@ -139,9 +155,3 @@ class Provenance:
             for tensor, known in self._unsettled:
                 known.version = version_of(tensor)
             self._unsettled.clear()
-
-    def forget_step(self) -> None:
-        """Views and storage owners are looked up by address, which the allocator reuses: keep
-        them for one step (a step's backward may use its forward's)."""
-        self._views.clear()
-        self._by_storage.clear()
