@@ -15,7 +15,8 @@ namespace opguard {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 512;
+constexpr int kThreads = 256;
+constexpr int kBlocksPerSm = 4;  // 32 resident warps per SM to hide DRAM latency
 
 struct Args {
   const uint8_t* data;
@@ -353,7 +354,7 @@ GpuFingerprinter::GpuFingerprinter(uint64_t partial_capacity, uint64_t head_capa
   int device = 0, sms = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
-  max_blocks_ = static_cast<uint64_t>(std::max(1, sms));
+  max_blocks_ = static_cast<uint64_t>(std::max(1, sms * kBlocksPerSm));
 }
 
 GpuFingerprinter::~GpuFingerprinter() {
@@ -423,8 +424,8 @@ Ticket GpuFingerprinter::launch(const TensorView& view, int device, uintptr_t st
       std::min<uint64_t>(a.nbytes, static_cast<uint64_t>(head_elements) * view.itemsize));
   a.head_bytes = std::min(a.head_bytes, kHeadBytes);
 
-  // One block per SM keeps ~4 MB of loads in flight on an H200 (enough for its DRAM) while
-  // keeping the partials each launch writes, and the host reduces, few.
+  // Four blocks per SM keep enough loads in flight for DRAM while bounding the partials each
+  // launch writes and the host reduces.
   const uint64_t per_block = static_cast<uint64_t>(kThreads) * 8;  // words per block per pass
   const uint64_t blocks = std::max<uint64_t>(
       1, std::min<uint64_t>(max_blocks_, (a.nwords + per_block - 1) / per_block));

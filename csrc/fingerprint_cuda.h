@@ -67,7 +67,7 @@ class GpuFingerprinter {
   Partial* partials_ = nullptr;  // host pointer (mapped; same address on the device with UVA)
   uint8_t* heads_ = nullptr;
   uint64_t partial_capacity_;
-  uint64_t max_blocks_ = 132;  // blocks per launch: the SM count
+  uint64_t max_blocks_ = 528;  // blocks per launch: a few per SM
   uint64_t head_capacity_;
   uint64_t seq_ = 0;
   uint64_t partial_head_ = 0;  // next partial to hand out (absolute, modulo capacity in use)
