@@ -45,10 +45,14 @@ def divergence_json(div: Divergence) -> dict[str, Any]:
         "b": op_ref(div.b),
         "cause": div.cause,
         "summary": div.summary,
+        "hint": div.hint or None,
         "observed": {"a": op_ref(div.observed_a), "b": op_ref(div.observed_b)},
         "outputs_differ": [_tensor_pair(d) for d in div.outputs],
         "inputs_differ": [_tensor_pair(d) for d in div.inputs],
-        "arguments_differ": [{"name": d.name, "a": d.a, "b": d.b} for d in div.arguments],
+        "arguments_differ": [
+            {"name": d.name, "a": d.a, "b": d.b, "a_passed": d.a_passed, "b_passed": d.b_passed}
+            for d in div.arguments
+        ],
         "rng_state_differs": div.rng_differs,
         "chain": [
             {"a": link.a.index, "b": link.b.index, "op": link.a.op, "slot": link.slot}

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..store import RankTrace, Run, TraceError
-from .align import align, merge
+from .align import AlignReader, align, merge
 from .divergence import Divergence, Explainer
 from .keys import KeyTable, LightOp, LightReader
 
@@ -67,13 +67,13 @@ def _steps(reader: LightReader, only: int | None) -> Iterator[tuple[int, list[Li
 
 
 class _StepAlignments:
-    """A index -> B index for recent steps; older steps are re-aligned from the traces on
+    """A index <-> B index for recent steps; older steps are re-aligned from the traces on
     demand (the producer chain rarely reaches back more than a step)."""
 
     def __init__(self, reader_a: LightReader, reader_b: LightReader) -> None:
         self._readers = (reader_a, reader_b)
         self._ranges: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}
-        self._cache: OrderedDict[int, dict[int, int]] = OrderedDict()
+        self._cache: OrderedDict[int, tuple[dict[int, int], dict[int, int]]] = OrderedDict()
 
     def add(
         self, step: int, ops_a: list[LightOp], ops_b: list[LightOp], pairs: list[tuple[int, int]]
@@ -82,34 +82,54 @@ class _StepAlignments:
             (ops_a[0].index, ops_a[-1].index + 1),
             (ops_b[0].index, ops_b[-1].index + 1),
         )
+        self._remember(step, [(ops_a[i].index, ops_b[j].index) for i, j in pairs])
+
+    def _remember(
+        self, step: int, pairs: list[tuple[int, int]]
+    ) -> tuple[dict[int, int], dict[int, int]]:
         self._cache.pop(step, None)
-        self._cache[step] = {ops_a[i].index: ops_b[j].index for i, j in pairs}
+        maps = self._cache[step] = (dict(pairs), {b: a for a, b in pairs})
         while len(self._cache) > STEP_CACHE:
             self._cache.popitem(last=False)
+        return maps
 
-    def b_of(self, a_index: int) -> int | None:
-        for step, ((lo, hi), _) in self._ranges.items():
-            if lo <= a_index < hi:
-                return self._mapping(step).get(a_index)
+    def _step_of(self, index: int, side: int) -> int | None:
+        for step, ranges in self._ranges.items():
+            lo, hi = ranges[side]
+            if lo <= index < hi:
+                return step
         return None
 
-    def _mapping(self, step: int) -> dict[int, int]:
-        mapping = self._cache.get(step)
-        if mapping is None:
+    def compared(self, index: int, side: int) -> bool:
+        """Whether op ``index`` of run A (side 0) or B (side 1) lies in a compared step."""
+        return self._step_of(index, side) is not None
+
+    def b_of(self, a_index: int) -> int | None:
+        step = self._step_of(a_index, 0)
+        return None if step is None else self._mappings(step)[0].get(a_index)
+
+    def a_of(self, b_index: int) -> int | None:
+        step = self._step_of(b_index, 1)
+        return None if step is None else self._mappings(step)[1].get(b_index)
+
+    def _mappings(self, step: int) -> tuple[dict[int, int], dict[int, int]]:
+        maps = self._cache.get(step)
+        if maps is None:
             (alo, ahi), (blo, bhi) = self._ranges[step]
             ra, rb = self._readers
             ops_a = [ra.light(r) for r in ra.trace.raw_ops(alo, ahi)]
             ops_b = [rb.light(r) for r in rb.trace.raw_ops(blo, bhi)]
-            mapping = {ops_a[i].index: ops_b[j].index for i, j in align(ops_a, ops_b)}
-        return mapping
+            pairs = [(ops_a[i].index, ops_b[j].index) for i, j in align(ops_a, ops_b)]
+            maps = self._remember(step, pairs)
+        return maps
 
 
 def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None) -> RankDiff:
     table = KeyTable()
-    reader_a, reader_b = LightReader(trace_a, table), LightReader(trace_b, table)
+    reader_a, reader_b = AlignReader(trace_a, table), AlignReader(trace_b, table)
     result = RankDiff(rank=trace_a.rank)
     alignments = _StepAlignments(reader_a, reader_b)
-    explainer = Explainer(trace_a, trace_b, alignments.b_of)
+    explainer = Explainer(trace_a, trace_b, alignments)
     steps_a, steps_b = _steps(reader_a, step), _steps(reader_b, step)
     next_a, next_b = next(steps_a, None), next(steps_b, None)
     while next_a is not None and next_b is not None:
@@ -243,4 +263,20 @@ def diff_runs(
         if not ranks:
             raise TraceError(f"no rank recorded in both runs (A: {run_a.ranks}, B: {run_b.ranks})")
     results = [diff_rank(run_a.rank(r), run_b.rank(r), step=step) for r in ranks]
+    if step is not None and not any(summary.step == step for r in results for summary in r.steps):
+        # Nothing compared is not "identical": say which run lacks the step.
+        has = [
+            name
+            for name, r in (("A", run_a), ("B", run_b))
+            if any(_has_step(r.rank(k), step) for k in ranks)
+        ]
+        where = f"only in run {has[0]}" if len(has) == 1 else "in neither run"
+        raise TraceError(f"step {step} was recorded {where}: nothing to compare")
     return RunDiff(str(run_a.path), str(run_b.path), run_a.meta, run_b.meta, results)
+
+
+def _has_step(trace: RankTrace, step: int) -> bool:
+    for raw in trace.raw_ops():  # steps only grow along a trace
+        if raw.get("s", 0) >= step:
+            return bool(raw.get("s", 0) == step)
+    return False

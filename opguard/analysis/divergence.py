@@ -9,11 +9,10 @@ parameters), an op that exists in only one run, or a tensor changed by code OpGu
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from ..store import OpRecord, RankTrace, TensorRecord
+from ..store import OpRecord, RankTrace, TensorRecord, schema
 
 MAX_CHAIN = 64
 
@@ -30,6 +29,8 @@ class ArgumentDiff:
     name: str
     a: Any
     b: Any
+    a_passed: bool = True  # False: the op was called without it (the op's default applied)
+    b_passed: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,7 @@ class Divergence:
     rng_differs: bool
     chain: list[Link] = field(default_factory=list)
     summary: str = ""
+    hint: str = ""  # what the evidence suggests a person check first, when it suggests anything
 
 
 def _by_slot(tensors: tuple[TensorRecord, ...]) -> dict[str, TensorRecord]:
@@ -82,25 +84,33 @@ def _content(t: TensorRecord) -> tuple[Any, ...]:
 def differing_arguments(a: OpRecord, b: OpRecord) -> list[ArgumentDiff]:
     da, db = dict(a.args), dict(b.args)
     return [
-        ArgumentDiff(name, da.get(name), db.get(name))
+        ArgumentDiff(name, da.get(name), db.get(name), name in da, name in db)
         for name in [*da, *(n for n in db if n not in da)]
-        if da.get(name) != db.get(name)
+        if da.get(name) != db.get(name) or (name in da) != (name in db)
     ]
+
+
+class Alignment(Protocol):
+    """What the explainer needs of the alignment: partners of ops, and which ops were compared
+    (``side`` 0 is run A, 1 is run B)."""
+
+    def b_of(self, a_index: int) -> int | None: ...
+
+    def a_of(self, b_index: int) -> int | None: ...
+
+    def compared(self, index: int, side: int) -> bool: ...
 
 
 class Explainer:
     """Explains the first differing aligned pair, given both traces and the alignment."""
 
-    def __init__(
-        self, trace_a: RankTrace, trace_b: RankTrace, aligned_b_of: Callable[[int], int | None]
-    ) -> None:
+    def __init__(self, trace_a: RankTrace, trace_b: RankTrace, alignment: Alignment) -> None:
         self.trace_a = trace_a
         self.trace_b = trace_b
-        self.aligned_b_of = aligned_b_of  # A op index -> its aligned B op index, or None
+        self.alignment = alignment
 
     def explain(self, op_a: OpRecord, op_b: OpRecord) -> Divergence:
-        outputs = differing_tensors(op_a.outputs, op_b.outputs)
-        first = self._assess(op_a, op_b)
+        inputs, unwritten, arguments, rng = self._assess(op_a, op_b)
         div = Divergence(
             rank=self.trace_a.rank,
             step=op_a.step,
@@ -110,27 +120,58 @@ class Explainer:
             b=op_b,
             observed_a=op_a,
             observed_b=op_b,
-            outputs=outputs,
-            inputs=first[0],
-            arguments=first[1],
-            rng_differs=first[2],
+            outputs=differing_tensors(op_a.outputs, op_b.outputs),
+            inputs=inputs,
+            arguments=arguments,
+            rng_differs=rng,
         )
-        if not div.inputs:
-            div.kind = "argument" if div.arguments or div.rng_differs else "origin"
-            div.cause = "rng" if div.rng_differs and not div.arguments else div.kind
+        if not inputs:
+            self._settle(div, op_a, op_b, unwritten)
         else:
             self._follow(div)
         div.summary = summarise(div)
+        div.hint = self._hint(div)
         return div
 
     def _assess(
         self, a: OpRecord, b: OpRecord
-    ) -> tuple[list[TensorDiff], list[ArgumentDiff], bool]:
-        return differing_tensors(a.inputs, b.inputs), differing_arguments(a, b), a.rng != b.rng
+    ) -> tuple[list[TensorDiff], list[TensorDiff], list[ArgumentDiff], bool]:
+        """What differs going into ops ``a`` and ``b``: tensor inputs whose content means
+        something, inputs read from memory no recorded op ever wrote (garbage, such as the
+        ``torch.empty`` a parameter's in-place initialiser fills), arguments, and RNG state."""
+        inputs: list[TensorDiff] = []
+        unwritten: list[TensorDiff] = []
+        for d in differing_tensors(a.inputs, b.inputs):
+            never_written = (
+                d.a is not None
+                and d.b is not None
+                and (d.a.dtype, d.a.shape) == (d.b.dtype, d.b.shape)
+                and _never_written(d.a, self.trace_a)
+                and _never_written(d.b, self.trace_b)
+            )
+            (unwritten if never_written else inputs).append(d)
+        return inputs, unwritten, differing_arguments(a, b), a.rng != b.rng
+
+    def _settle(
+        self, div: Divergence, op_a: OpRecord, op_b: OpRecord, unwritten: list[TensorDiff]
+    ) -> None:
+        """Classifies ops whose meaningful tensor inputs are equal: an argument or the RNG
+        state differs; else an input that no recorded op wrote differs (written by code OpGuard
+        did not see); else the op itself produced different outputs (origin)."""
+        if div.arguments or div.rng_differs:
+            div.kind = "argument"
+            div.cause = "rng" if div.rng_differs and not div.arguments else "argument"
+        elif unwritten:
+            div.kind = "propagated"
+            div.cause = "unrecorded-write"
+            div.chain.append(Link(op_a, op_b, unwritten[0].slot))
+        else:
+            div.kind = div.cause = "origin"
 
     def _follow(self, div: Divergence) -> None:
         """Walks producers of the first differing input back to the earliest cause."""
         div.kind = "propagated"
+        align = self.alignment
         op_a, op_b, inputs = div.observed_a, div.observed_b, div.inputs
         for _ in range(MAX_CHAIN):
             slot = inputs[0]
@@ -140,7 +181,12 @@ class Explainer:
             if pa is None and pb is None:
                 div.cause = "leaf"
                 return
-            if pa is not None and pb is not None and self.aligned_b_of(pa[0]) == pb[0]:
+            if (pa is None or not align.compared(pa[0], 0)) and (
+                pb is None or not align.compared(pb[0], 1)
+            ):
+                div.cause = "earlier-step"  # produced before the compared steps (--step)
+                return
+            if pa is not None and pb is not None and align.b_of(pa[0]) == pb[0]:
                 prod_a, prod_b = self.trace_a.op(pa[0]), self.trace_b.op(pb[0])
                 out_a, out_b = _output(prod_a, pa[1]), _output(prod_b, pb[1])
                 if (
@@ -151,39 +197,94 @@ class Explainer:
                 ):
                     div.cause = "unrecorded-write"  # equal when written, different when read
                     return
-                inputs, arguments, rng = self._assess(prod_a, prod_b)
-                if not inputs:  # only reachable through views: the base itself is the origin
+                inputs, unwritten, arguments, rng = self._assess(prod_a, prod_b)
+                if not inputs:  # the producers differ by themselves: the cause
                     div.a, div.b = prod_a, prod_b
                     div.inputs, div.arguments, div.rng_differs = inputs, arguments, rng
-                    div.kind = "argument" if arguments or rng else "origin"
-                    div.cause = "rng" if rng and not arguments else div.kind
                     div.chain.append(Link(prod_a, prod_b, ""))
+                    self._settle(div, prod_a, prod_b, unwritten)
                     return
                 op_a, op_b = prod_a, prod_b
                 continue
-            div.kind = "structure"
-            cause_a = (
-                self.trace_a.op(pa[0])
-                if pa is not None and (pb is None or self.aligned_b_of(pa[0]) != pb[0])
-                else None
-            )
-            cause_b = self.trace_b.op(pb[0]) if pb is not None else None
-            if (
-                cause_a is not None
-                and cause_b is not None
-                and self.aligned_b_of(cause_a.index) is not None
-            ):
-                cause_a = None  # A's producer has a partner; B's extra op made the difference
-            div.a, div.b = cause_a, cause_b
-            div.cause = (
-                "replaced"
-                if cause_a is not None and cause_b is not None
-                else "removed"
-                if cause_a is not None
-                else "inserted"
-            )
+            self._structure(div, pa, pb)
             return
         div.cause = "leaf"
+
+    def _structure(
+        self, div: Divergence, pa: tuple[int, int] | None, pb: tuple[int, int] | None
+    ) -> None:
+        """The two runs' producers of the differing input are not partners: name the op that
+        exists in one run only. A producer that has a partner elsewhere in the other run is
+        not the cause (it exists in both); the other side's unpartnered op is."""
+        align = self.alignment
+        div.kind = "structure"
+        cause_a = self.trace_a.op(pa[0]) if pa is not None else None
+        cause_b = self.trace_b.op(pb[0]) if pb is not None else None
+        if cause_a is not None and cause_b is not None:
+            a_partnered = align.b_of(cause_a.index) is not None
+            b_partnered = align.a_of(cause_b.index) is not None
+            if a_partnered and not b_partnered:
+                cause_a = None  # B's extra op made the difference
+            elif b_partnered and not a_partnered:
+                cause_b = None  # A's op is missing from B
+        div.a, div.b = cause_a, cause_b
+        div.cause = (
+            "replaced"
+            if cause_a is not None and cause_b is not None
+            else "removed"
+            if cause_a is not None
+            else "inserted"
+        )
+
+    def _hint(self, div: Divergence) -> str:
+        """Patterns a person would recognise, read from the evidence (never from names of
+        scripts): gradient accumulation into a kept ``.grad``, a missing default argument."""
+        if div.kind == "structure":
+            for op, trace, run, other in (
+                (div.b, self.trace_b, "B", "A"),
+                (div.a, self.trace_a, "A", "B"),
+            ):
+                kept = _accumulated_from(op, trace) if op is not None else None
+                if kept is not None:
+                    return (
+                        f"run {run}'s backward accumulated into a gradient kept from step "
+                        f"{kept} where run {other} started from a fresh one: is "
+                        f"optimizer.zero_grad() missing in run {run} (or is the gradient "
+                        "accumulation intended)?"
+                    )
+        if div.cause == "argument":
+            defaulted = [d for d in div.arguments if not (d.a_passed and d.b_passed)]
+            if defaulted:
+                d = defaulted[0]
+                run = "A" if not d.a_passed else "B"
+                return (
+                    f"run {run} did not pass '{d.name}' (the op's default applied), the other "
+                    f"run passed {_fmt(d.b if run == 'A' else d.a)}"
+                )
+        return ""
+
+
+def _never_written(t: TensorRecord, trace: RankTrace) -> bool:
+    """Whether ``t`` was read from memory that no recorded op wrote: it is marked so, or its
+    producer's output was (``torch.empty`` reached through another alias of its storage)."""
+    if t.is_uninitialized:
+        return True
+    if t.producer is None:
+        return False
+    out = _output(trace.op(t.producer[0]), t.producer[1])
+    return out is not None and out.is_uninitialized
+
+
+def _accumulated_from(op: OpRecord, trace: RankTrace) -> int | None:
+    """The step in which the tensor a backward op updated in place (``self``) was made, when
+    that is an earlier step: autograd adding a new gradient into a ``.grad`` nobody reset."""
+    if op.phase != "backward" or not any(t.flags & schema.FLAG_WRITTEN for t in op.outputs):
+        return None
+    target = next((t for t in op.inputs if t.slot == "self"), None)
+    if target is None or target.producer is None:
+        return None
+    made = trace.op(target.producer[0]).step
+    return made if made < op.step else None
 
 
 def _output(op: OpRecord, slot: int) -> TensorRecord | None:
@@ -192,6 +293,19 @@ def _output(op: OpRecord, slot: int) -> TensorRecord | None:
 
 def _fmt(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
+
+
+def argument_text(d: ArgumentDiff) -> str:
+    """``name: A's value (A) vs B's value (B)``; an argument not passed reads "default"."""
+    a = _fmt(d.a) if d.a_passed else "default"
+    b = _fmt(d.b) if d.b_passed else "default"
+    return f"{d.name}: {a} (A) vs {b} (B)"
+
+
+def _op_text(op: OpRecord) -> str:
+    """An op and its site; a backward op that borrowed its forward op's site says so."""
+    gradient = "gradient of " if op.is_backward and op.forward_index is not None else ""
+    return f"{op.op} ({gradient}{op.call_site.short()})"
 
 
 def summarise(div: Divergence) -> str:
@@ -204,10 +318,9 @@ def summarise(div: Divergence) -> str:
             "(nondeterministic kernel, race, different kernel or hardware fault)"
         )
     if div.cause == "argument":
-        shown = ", ".join(
-            f"{d.name}: {_fmt(d.a)} (A) vs {_fmt(d.b)} (B)" for d in div.arguments[:3]
-        )
-        return f"{div.a.op if div.a else obs.op}: argument {shown}"
+        shown = ", ".join(argument_text(d) for d in div.arguments[:3])
+        op = div.a or obs
+        return f"{op.op} at {op.call_site.short()}: argument {shown}"
     if div.cause == "rng":
         return f"random op {where} consumed a different RNG state (seed or generator changed)"
     if div.cause == "leaf":
@@ -217,6 +330,14 @@ def summarise(div: Divergence) -> str:
             f"input '{slot}' of {last.op} at {last.call_site.short()} differs and no recorded "
             "op produced it (data, parameters, or a tensor made before recording)"
         )
+    if div.cause == "earlier-step":
+        slot = div.chain[-1].slot if div.chain else "?"
+        last = div.chain[-1].a if div.chain else obs
+        return (
+            f"input '{slot}' of {last.op} at {last.call_site.short()} already differed when "
+            f"step {div.step} began (made in an earlier step, which was not compared: "
+            "diff without --step to find where)"
+        )
     if div.cause == "unrecorded-write":
         link = div.chain[-1]
         return (
@@ -224,16 +345,12 @@ def summarise(div: Divergence) -> str:
             "produced and differs when read: changed by code OpGuard did not record"
         )
     if div.cause == "inserted" and div.b is not None:
-        return (
-            f"{div.b.op} only in run B ({div.b.call_site.short()}) feeds the divergence at {where}"
-        )
+        return f"{_op_text(div.b)} only in run B feeds the divergence at {where}"
     if div.cause == "removed" and div.a is not None:
-        return (
-            f"{div.a.op} only in run A ({div.a.call_site.short()}) feeds the divergence at {where}"
-        )
+        return f"{_op_text(div.a)} only in run A feeds the divergence at {where}"
     if div.cause == "replaced" and div.a is not None and div.b is not None:
         return (
-            f"{div.a.op} in run A ({div.a.call_site.short()}) was replaced by {div.b.op} in "
-            f"run B ({div.b.call_site.short()}); it feeds the divergence at {where}"
+            f"{_op_text(div.a)} in run A was replaced by {_op_text(div.b)} in run B; it feeds "
+            f"the divergence at {where}"
         )
     return f"outputs of {where} differ"

@@ -67,6 +67,8 @@ def print_divergence(div: Divergence) -> None:
         f"kind: [bold]{div.kind}[/] ({div.cause})"
     )
     console.print(f"  {escape(div.summary)}")
+    if div.hint:
+        console.print(f"  [bold]hint:[/] {escape(div.hint)}")
     _op_block("A", div.a)
     _op_block("B", div.b)
     if (div.a, div.b) != (div.observed_a, div.observed_b):
@@ -74,9 +76,10 @@ def print_divergence(div: Divergence) -> None:
         _op_block("A", div.observed_a)
         _op_block("B", div.observed_b)
     for arg in div.arguments:
+        a = repr(arg.a) if arg.a_passed else "default (not passed)"
+        b = repr(arg.b) if arg.b_passed else "default (not passed)"
         console.print(
-            f"    argument [bold]{escape(arg.name)}[/]: {escape(repr(arg.a))} (A) vs "
-            f"{escape(repr(arg.b))} (B)"
+            f"    argument [bold]{escape(arg.name)}[/]: {escape(a)} (A) vs {escape(b)} (B)"
         )
     if div.rng_differs:
         console.print("    RNG state consumed by the op differs")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import site
 import sys
 import sysconfig
 from types import FrameType
@@ -19,22 +20,28 @@ SOURCE_CONTEXT = 3  # lines kept on each side of a call line, so traces explain 
 _OPGUARD_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _library_roots() -> tuple[str, ...]:
-    """Code that is never the user's: torch, the standard library, OpGuard itself and the
-    interpreter's console-script wrappers (``bin/opguard``)."""
+def _roots(*paths: str) -> tuple[str, ...]:
+    return tuple(os.path.realpath(p) + os.sep for p in paths if p)
+
+
+def _classifier() -> list[tuple[tuple[str, ...], bool]]:
+    """Ordered (path prefixes, is user code) rules; the first match decides, else user code.
+
+    OpGuard's bundled examples are user code; torch and OpGuard never are; installed libraries
+    (site-packages: transformers, timm…) are, because their code is what users call and change
+    through configs; the standard library and the interpreter's console scripts
+    (``bin/opguard``) are not. Site-packages is checked before the standard library because it
+    usually lies inside it (``<venv>/lib/pythonX.Y/site-packages``)."""
     paths = sysconfig.get_paths()
-    roots = {
-        os.path.dirname(torch.__file__),
-        _OPGUARD_ROOT,
-        paths["stdlib"],
-        paths["platstdlib"],
-        paths["scripts"],
-    }
-    return tuple(os.path.realpath(r) + os.sep for r in roots)
-
-
-# OpGuard's bundled example scripts are user code, although they live in the package.
-_USER_ROOTS = (os.path.realpath(os.path.join(_OPGUARD_ROOT, "demo")) + os.sep,)
+    packages = {paths["purelib"], paths["platlib"], *site.getsitepackages()}
+    if site.ENABLE_USER_SITE:
+        packages.add(site.getusersitepackages())
+    return [
+        (_roots(os.path.join(_OPGUARD_ROOT, "demo")), True),
+        (_roots(os.path.dirname(torch.__file__), _OPGUARD_ROOT), False),
+        (_roots(*packages), True),
+        (_roots(paths["stdlib"], paths["platstdlib"], paths["scripts"]), False),
+    ]
 
 
 class CallSites:
@@ -42,7 +49,7 @@ class CallSites:
 
     def __init__(self, writer: TraceWriter) -> None:
         self._writer = writer
-        self._roots = _library_roots()
+        self._rules = _classifier()
         self._is_user: dict[str, bool] = {}
 
     def _user_file(self, filename: str) -> bool:
@@ -52,7 +59,7 @@ class CallSites:
                 user = False
             else:
                 real = os.path.realpath(filename) if os.path.isabs(filename) else filename
-                user = real.startswith(_USER_ROOTS) or not real.startswith(self._roots)
+                user = next((u for prefixes, u in self._rules if real.startswith(prefixes)), True)
             self._is_user[filename] = user
         return user
 

@@ -52,7 +52,7 @@ def run_recorded(
         if target.is_module:
             runpy.run_module(target.path, run_name="__main__", alter_sys=True)
         else:
-            runpy.run_path(target.path, run_name="__main__")
+            runpy.run_path(os.path.abspath(target.path), run_name="__main__")
     except StepLimitReached:
         status = "stopped"
     except SystemExit as exc:

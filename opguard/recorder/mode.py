@@ -111,6 +111,9 @@ class OpRecorder(TorchDispatchMode):
             self._classify(info, name, value, inputs, written, arguments)
         for name, value in kwargs.items():
             self._classify(info, name, value, inputs, written, arguments)
+        if info.defaults:
+            passed = set(names[: len(args)]).union(kwargs)
+            arguments.extend([name, value] for name, value in info.defaults if name not in passed)
         rng = self._rng_state(kwargs.get("generator"), args, kwargs) if info.is_random else None
         return info, inputs, written, arguments, rng
 
@@ -148,7 +151,9 @@ class OpRecorder(TorchDispatchMode):
                 known.fields = fingerprint_fields(tensor)
             fields = known.fields
         else:
-            if known is not None:  # a view of a known write, re-wrapped by C++ code
+            if known is not None and _uninitialized(known.fields):
+                fields = known.fields  # an alias of memory nobody has written yet
+            elif known is not None:  # a view of a known write, re-wrapped by C++ code
                 fields = view_fields(
                     tensor, known.ptr, known.nbytes if known.contiguous else None, known.fields
                 )
@@ -350,3 +355,7 @@ def _op_device(args: tuple, kwargs: dict) -> torch.device:
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+def _uninitialized(fields: Fields | PendingFields | None) -> bool:
+    return isinstance(fields, dict) and bool(fields.get("f", 0) & schema.FLAG_UNINITIALIZED)

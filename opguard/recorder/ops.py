@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from .arguments import encode
 
 # Ops whose outputs hold memory nobody has written yet: reading it would fingerprint garbage
 # and make identical runs look different.
@@ -31,6 +34,9 @@ class OpInfo:
     is_view: bool
     is_random: bool
     uninitialized_output: bool
+    # Non-tensor arguments with a schema default: recorded when the caller leaves them out, so
+    # F.gelu(x) and F.gelu(x, approximate="none") record the same call.
+    defaults: tuple[tuple[str, Any], ...] = ()
 
 
 def op_info(func: torch._ops.OpOverload, intern_name: object) -> OpInfo:
@@ -47,4 +53,12 @@ def op_info(func: torch._ops.OpOverload, intern_name: object) -> OpInfo:
         is_view=bool(func.is_view),
         is_random=torch.Tag.nondeterministic_seeded in func.tags,
         uninitialized_output=base in UNINITIALIZED_OUTPUT_OPS,
+        defaults=tuple(
+            (a.name, encode(a.default_value))
+            for a in args
+            if a.has_default_value()
+            and not a.is_out
+            and a.name != "generator"
+            and "Tensor" not in str(a.type)
+        ),
     )
