@@ -7,6 +7,7 @@
 
 #include "fingerprint_cpu.h"
 #if OPGUARD_WITH_CUDA
+#include "cupti_activity.h"
 #include "fingerprint_cuda.h"
 #endif
 
@@ -101,6 +102,32 @@ void bind_cuda(py::module_& m) {
           },
           py::arg("ticket"), py::arg("timeout_s") = 600.0)
       .def_property_readonly("launches", &GpuFingerprinter::launches);
+
+  namespace cupti = opguard::cupti;
+  m.def("cupti_start", &cupti::start, py::arg("library"),
+        "Loads libcupti and enables kernel/memcpy/memset activity; '' or why not.");
+  m.def("cupti_push", &cupti::push, py::arg("op"), "Ties GPU work launched from now to `op`.");
+  m.def("cupti_pop", &cupti::pop);
+  m.def(
+      "cupti_drain",
+      [](bool all) {
+        std::vector<cupti::Activity> done;
+        {
+          py::gil_scoped_release release;
+          done = cupti::drain(all);
+        }
+        py::list out;
+        for (const auto& a : done) {
+          out.append(py::make_tuple(a.op, a.kind, a.name,
+                                    py::make_tuple(a.grid[0], a.grid[1], a.grid[2]),
+                                    py::make_tuple(a.block[0], a.block[1], a.block[2]), a.stream,
+                                    a.device, a.start, a.end, a.bytes));
+        }
+        return out;
+      },
+      py::arg("all") = false,
+      "(op, kind, name, grid, block, stream, device, start_ns, end_ns, bytes) per activity.");
+  m.def("cupti_stop", &cupti::stop);
 }
 #endif
 

@@ -155,3 +155,28 @@ def test_tf32_setting_is_named(tmp_path: Path) -> None:
     assert report["verdict"] == "diverged"
     assert first["kind"] == "origin"  # same inputs, same arguments: the kernel differed
     assert first["a"]["op"] in ("aten::mm.default", "aten::addmm.default")
+    assert first["kernels_differ"], first["kernels"]
+    assert "different kernels" in first["summary"]
+
+
+def test_stream_race_shows_overlapping_kernels(tmp_path: Path) -> None:
+    _record("stream_race.py", tmp_path / "a", "wait")
+    _record("stream_race.py", tmp_path / "b", "race")
+    report = _diff(tmp_path / "a", tmp_path / "b")
+    assert report["verdict"] == "diverged"
+    first = report["first_divergence"]
+    assert first["observed"]["a"]["op"] == "aten::mul.Tensor"
+    assert first["stream_race"] and "run B" in first["stream_race"]
+    assert "stream race" in first["summary"]
+
+
+def test_kernels_are_recorded_per_op(tmp_path: Path) -> None:
+    _record("matmul_tf32.py", tmp_path / "a", "off")
+    result = _run(
+        "-m", "opguard", "show", str(tmp_path / "a"), "--ops", "0:50", "--json", cwd=tmp_path
+    )
+    ops = json.loads(result.stdout)["ranks"]["0"]
+    mm = [op for op in ops if op["op"] in ("aten::mm.default", "aten::addmm.default")]
+    assert mm and mm[0]["kernels"], "the matmul's kernels were not recorded"
+    kernel = mm[0]["kernels"][0]
+    assert kernel["k"] == "kernel" and kernel["n"] and kernel["t1"] >= kernel["t0"]

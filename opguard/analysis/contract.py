@@ -54,6 +54,9 @@ def divergence_json(div: Divergence) -> dict[str, Any]:
             for d in div.arguments
         ],
         "rng_state_differs": div.rng_differs,
+        "kernels": {"a": list(div.observed_a.kernels), "b": list(div.observed_b.kernels)},
+        "kernels_differ": div.kernels_differ,
+        "stream_race": div.race or None,
         "chain": [
             {"a": link.a.index, "b": link.b.index, "op": link.a.op, "slot": link.slot}
             for link in div.chain

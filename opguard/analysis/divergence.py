@@ -59,6 +59,36 @@ class Divergence:
     chain: list[Link] = field(default_factory=list)
     summary: str = ""
     hint: str = ""  # what the evidence suggests a person check first, when it suggests anything
+    race: str = ""  # evidence of a stream race on the op that read the difference
+
+    @property
+    def kernels_differ(self) -> bool:
+        """The two runs launched different GPU kernels for the observed op (a classic cause of
+        bitwise differences: another algorithm, TF32, a different library version)."""
+        return kernel_names(self.observed_a) != kernel_names(self.observed_b)
+
+
+def overlapping_write(producer: OpRecord, consumer: OpRecord) -> str:
+    """Says how ``consumer`` read a tensor before ``producer`` finished writing it on another
+    stream, from the kernels' recorded start and end times; '' when it did not."""
+    writes = [k for k in producer.kernels if "t1" in k]
+    reads = [k for k in consumer.kernels if "t0" in k]
+    if not writes or not reads:
+        return ""
+    last_write = max(writes, key=lambda k: k["t1"])
+    first_read = min(reads, key=lambda k: k["t0"])
+    if last_write.get("s") == first_read.get("s") or last_write["t1"] <= first_read["t0"]:
+        return ""
+    overlap_us = (last_write["t1"] - first_read["t0"]) / 1e3
+    return (
+        f"{consumer.op} (#{consumer.index}) started on stream {first_read.get('s')} "
+        f"{overlap_us:.1f} µs before its input's writer {producer.op} (#{producer.index}) finished "
+        f"on stream {last_write.get('s')}: a stream race (missing wait_stream or event)"
+    )
+
+
+def kernel_names(op: OpRecord) -> list[str]:
+    return [k.get("n", "?") for k in op.kernels if k.get("k", "kernel") == "kernel"]
 
 
 def _by_slot(tensors: tuple[TensorRecord, ...]) -> dict[str, TensorRecord]:
@@ -129,9 +159,29 @@ class Explainer:
             self._settle(div, op_a, op_b, unwritten)
         else:
             self._follow(div)
+        div.race = self._stream_race(div)
         div.summary = summarise(div)
         div.hint = self._hint(div)
         return div
+
+    def _stream_race(self, div: Divergence) -> str:
+        """Evidence of a stream race at the op where the difference was read: in either run,
+        one of its inputs was written on another stream by a kernel that had not finished when
+        the op's own kernels started (no ``wait_stream``/event between them)."""
+        link = div.chain[-1] if div.chain else None
+        for trace, op in (
+            (self.trace_a, link.a if link else div.observed_a),
+            (self.trace_b, link.b if link else div.observed_b),
+        ):
+            for tensor in op.inputs:
+                if tensor.producer is None or not op.kernels:
+                    continue
+                producer = trace.op(tensor.producer[0])
+                race = overlapping_write(producer, op)
+                if race:
+                    run = "A" if trace is self.trace_a else "B"
+                    return f"run {run}: {race}"
+        return ""
 
     def _assess(
         self, a: OpRecord, b: OpRecord
@@ -313,6 +363,13 @@ def summarise(div: Divergence) -> str:
     obs = div.observed_a
     where = f"{obs.op} at {obs.call_site.short()}"
     if div.cause == "origin":
+        if div.kernels_differ:
+            a, b = kernel_names(div.observed_a), kernel_names(div.observed_b)
+            return (
+                f"{where} produced different outputs from identical inputs and arguments: the "
+                f"runs launched different kernels ({', '.join(a) or 'none'} vs "
+                f"{', '.join(b) or 'none'})"
+            )
         return (
             f"{where} produced different outputs from identical inputs and arguments "
             "(nondeterministic kernel, race, different kernel or hardware fault)"
@@ -340,6 +397,11 @@ def summarise(div: Divergence) -> str:
         )
     if div.cause == "unrecorded-write":
         link = div.chain[-1]
+        if div.race:
+            return (
+                f"input '{link.slot}' of {link.a.op} at {link.a.call_site.short()} was equal when "
+                f"produced and differs when read: {div.race}"
+            )
         return (
             f"input '{link.slot}' of {link.a.op} at {link.a.call_site.short()} was equal when "
             "produced and differs when read: changed by code OpGuard did not record"

@@ -88,6 +88,9 @@ def print_divergence(div: Divergence) -> None:
     if len(div.chain) > 1:
         hops = " ← ".join(f"#{link.a.index} {link.a.op}[{link.slot}]" for link in div.chain)
         console.print(f"    producer chain (A): {escape(hops)}")
+    _kernels(div)
+    if div.race:
+        console.print(f"    [bold]stream race[/]: {escape(div.race)}")
 
 
 def print_diff(result: RunDiff) -> None:
@@ -108,3 +111,24 @@ def print_diff(result: RunDiff) -> None:
         )
         for note in r.notes:
             console.print(f"    note: {escape(note)}")
+
+
+def _kernel_line(kernel: dict[str, Any]) -> str:
+    duration = (kernel.get("t1", 0) - kernel.get("t0", 0)) / 1e3
+    shape = f" grid {kernel['g']} block {kernel['b']}" if "g" in kernel else ""
+    size = f" {kernel['z']} bytes" if "z" in kernel else ""
+    return f"{kernel.get('n', '?')}{shape}{size} stream {kernel.get('s')} {duration:.1f} µs"
+
+
+def _kernels(div: Divergence) -> None:
+    """The GPU work of the observed op in both runs, and whether the runs chose differently."""
+    a, b = div.observed_a.kernels, div.observed_b.kernels
+    if not a and not b:
+        return
+    verdict = "[bold]different kernels[/]" if div.kernels_differ else "same kernels"
+    console.print(f"    GPU work of the op ({verdict}):")
+    for label, kernels in (("A", a), ("B", b)):
+        for kernel in kernels[:6]:
+            console.print(f"      {label}: {escape(_kernel_line(kernel))}")
+        if len(kernels) > 6:
+            console.print(f"      {label}: … {len(kernels) - 6} more")

@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..store import schema
 from .arguments import encode, generator_fingerprint
 from .callsite import CallSites
+from .kernels import KernelActivity
 from .ops import OpInfo, op_info
 from .provenance import Provenance
 from .tensors import PendingFields, describe, fingerprint_fields, view_fields
@@ -60,6 +61,7 @@ class OpRecorder(TorchDispatchMode):
         self._forward_sites: dict[int, tuple[int, int | None, int | None]] = {}
         self._last_sequence_nr = -1
         self.next_index = 0
+        self.kernels: KernelActivity | None = None  # set when CUPTI collects GPU activity
         self.active = True
 
     # -- dispatch -------------------------------------------------------------------------
@@ -76,7 +78,14 @@ class OpRecorder(TorchDispatchMode):
         except Exception as exc:
             self._fail(exc)
             return func(*args, **kwargs)
-        out = func(*args, **kwargs)
+        if self.kernels is None:
+            out = func(*args, **kwargs)
+        else:  # GPU work launched by the op is tied to its index
+            self.kernels.push(self.next_index)
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                self.kernels.pop()
         try:
             self._after(pending, out)
         except Exception as exc:

@@ -20,9 +20,10 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from .. import __version__
+from .. import _C, __version__
 from ..store import TraceError, TraceWriter, schema
 from ..store.meta import read_meta, recorded_environment, write_meta
+from .kernels import KernelActivity
 from .mode import OpRecorder, StepState, failure_info
 
 _active: RecordingSession | None = None
@@ -105,6 +106,7 @@ class RecordingSession:
             start_info={"rank": self.rank, "pid": os.getpid(), "started": time.time()},
         )
         self._recorder = OpRecorder(self.writer, self.state, self._on_failure)
+        self._start_gpu_activity()
         self._hooks = [
             register_optimizer_step_pre_hook(self._optimizer_pre),
             register_optimizer_step_post_hook(self._optimizer_post),
@@ -154,6 +156,27 @@ class RecordingSession:
             self.close("finished")
         else:
             self.close("failed", error=f"{type(exc).__name__}: {exc}")
+
+    def _start_gpu_activity(self) -> None:
+        """On a machine with a GPU, collects each op's kernels through CUPTI; says in the trace
+        what GPU recording could and could not use."""
+        if not torch.cuda.is_available():
+            return
+        fingerprints = _C.cuda_status()
+        activity, reason = KernelActivity.start()
+        if self._recorder is not None and activity is not None:
+            self._recorder.kernels = activity
+            self.writer.poll_kernels = activity.drain
+        self.writer.put_info(
+            "gpu",
+            {
+                "fingerprints": fingerprints[1],
+                "kernels": reason if activity else None,
+                "kernels_unavailable": None if activity else reason,
+            },
+        )
+        if activity is None:
+            print(f"opguard: GPU kernels will not be recorded: {reason}", file=sys.stderr)
 
     # -- steps ----------------------------------------------------------------------------
 

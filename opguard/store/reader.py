@@ -8,6 +8,7 @@ environment reads up to its last good record and says so (``RankTrace.damage``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from functools import cached_property
@@ -21,6 +22,8 @@ from . import schema
 from .errors import TraceError
 from .meta import read_meta
 from .records import UNKNOWN_SITE, CallSite, OpRecord, TensorRecord
+
+OPTIONAL_DBS = ("kernels",)  # absent in traces recorded without a GPU
 
 
 def _unpack(raw: bytes | memoryview) -> Any:
@@ -74,10 +77,15 @@ class RankTrace:
         try:
             self._env = _ENVIRONMENTS.acquire(path)
             self._dbs = {
-                name: self._env.open_db(name.encode(), create=False) for name in schema.DB_NAMES
+                name: self._env.open_db(name.encode(), create=False)
+                for name in schema.DB_NAMES
+                if name not in OPTIONAL_DBS
             }
         except lmdb.Error as exc:
             raise TraceError(f"{path}: not a readable OpGuard trace ({exc})") from None
+        for name in OPTIONAL_DBS:
+            with contextlib.suppress(lmdb.Error):
+                self._dbs[name] = self._env.open_db(name.encode(), create=False)
         self.info = self._read_info()
         version = self.info.get("schema")
         if not isinstance(version, int) or version > schema.SCHEMA_VERSION:
@@ -156,8 +164,20 @@ class RankTrace:
             outputs=tuple(TensorRecord.decode(t) for t in raw.get("y", ())),
             rng=raw.get("r"),
             returned=raw.get("v"),
-            kernels=tuple(raw.get("g", ())),
+            kernels=self.kernels(raw["i"]),
         )
+
+    def kernels(self, index: int) -> tuple[dict[str, Any], ...]:
+        """The GPU kernels, memcpys and memsets op ``index`` launched (empty off the GPU)."""
+        db = self._dbs.get("kernels")
+        if db is None:
+            return ()
+        try:
+            with self._env.begin() as txn:
+                raw = txn.get(schema.op_key(index), db=db)
+        except lmdb.Error:
+            return ()
+        return tuple(_unpack(raw)) if raw is not None else ()
 
     def raw_ops(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
         """Undecoded op maps in execution order, from ``start`` up to ``stop`` (exclusive)."""

@@ -176,4 +176,6 @@ class OpRecord:
             out["rng_state"] = f"{self.rng:016x}"
         if self.returned is not None:
             out["returned"] = _json_number(self.returned)
+        if self.kernels:
+            out["kernels"] = list(self.kernels)
         return out

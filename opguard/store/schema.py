@@ -10,7 +10,11 @@ A run directory holds ``meta.json`` (the run as a whole) and one LMDB environmen
     interned op names, call sites and user stacks; key: 4-byte big-endian id.
 ``info``
     ``schema`` (written first), ``start`` and, on a clean end, ``end``; plus ``failure`` when
-    the recorder itself stopped early.
+    the recorder itself stopped early, and ``gpu`` (what GPU recording could use).
+``kernels``
+    GPU activity of an op (kernels, memcpys, memsets from CUPTI), written when CUPTI delivers
+    it; key: the op's key; value: list of maps ``k`` kind, ``n`` name, ``g`` grid, ``b``
+    block, ``s`` stream, ``d`` device, ``t0``/``t1`` start/end (ns), ``z`` bytes.
 
 Op record fields (short keys keep traces small; readers map them to names)::
 
@@ -34,7 +38,7 @@ from __future__ import annotations
 import struct
 
 SCHEMA_VERSION = 1
-DB_NAMES = ("ops", "names", "sites", "stacks", "info")
+DB_NAMES = ("ops", "names", "sites", "stacks", "info", "kernels")
 META_FILE = "meta.json"
 RANK_DIR_PREFIX = "rank-"
 

@@ -77,6 +77,9 @@ class TraceWriter:
         self._batch_size = batch_size
         self._flush_interval = flush_interval
         self.error: BaseException | None = None
+        # Called on the writer thread before each batch (final=True at close): returns GPU
+        # activity by op index, which arrives from CUPTI later than the ops themselves.
+        self.poll_kernels: Callable[[bool], dict[int, list[Any]]] | None = None
         self.records_written = 0
         self.bytes_written = 0
         self._thread = threading.Thread(target=self._run, name="opguard-writer", daemon=True)
@@ -103,6 +106,7 @@ class TraceWriter:
             closing = self._closing
             with self._lock:
                 batch, self._pending = self._pending, []
+            batch += self._kernel_items(final=False)
             if batch and self.error is None:
                 try:
                     self._commit(batch)
@@ -122,6 +126,13 @@ class TraceWriter:
             try:
                 with self._env.begin(write=True) as txn:
                     for db, items in by_db.items():
+                        if db == "kernels":  # may extend what an earlier batch wrote
+                            for key, value in items:
+                                old = txn.get(key, db=self._dbs[db])
+                                if old is not None:
+                                    value = packb(msgpack.unpackb(old) + msgpack.unpackb(value))
+                                txn.put(key, value, db=self._dbs[db])
+                            continue
                         with txn.cursor(db=self._dbs[db]) as cursor:
                             cursor.putmulti(items, append=(db != "info"))
                 break
@@ -129,6 +140,17 @@ class TraceWriter:
                 self._env.set_mapsize(self._env.info()["map_size"] * 2)
         self.records_written += len(by_db.get("ops", ()))
         self.bytes_written += sum(len(v) for items in by_db.values() for _, v in items)
+
+    def _kernel_items(self, final: bool) -> list[tuple[str, bytes, Any]]:
+        if self.poll_kernels is None:
+            return []
+        try:
+            by_op = self.poll_kernels(final)
+        except Exception as exc:  # kernels are evidence, not the trace: stop collecting them
+            self.poll_kernels = None
+            self._put_later("info", b"kernels_failure", f"{type(exc).__name__}: {exc}")
+            return []
+        return [("kernels", schema.op_key(op), items) for op, items in sorted(by_op.items())]
 
     def put_info(self, key: str, value: Any) -> None:
         """Writes an ``info`` entry with the next batch (e.g. a recorder failure)."""
@@ -144,6 +166,7 @@ class TraceWriter:
             try:
                 with self._lock:
                     batch, self._pending = self._pending, []
+                batch += self._kernel_items(final=True)
                 batch.append(("info", b"end", {**end_info, "ended": time.time()}))
                 self._commit(batch)
                 self._env.sync(True)

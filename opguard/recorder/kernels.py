@@ -1,0 +1,78 @@
+"""GPU kernels, memcpys and memsets of each recorded op, through CUPTI's activity API.
+
+The native side ties GPU work to an op with CUPTI's external correlation ids (pushed around the
+op's execution); this module finds libcupti, starts collection, and turns drained activity
+into the trace's per-op kernel lists.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from collections import defaultdict
+from typing import Any
+
+from .. import _C
+
+KINDS = ("kernel", "memcpy", "memset")
+
+
+def _candidates() -> list[str]:
+    """Where libcupti may be: an explicit OPGUARD_CUPTI, the NVIDIA wheels next to torch, the
+    CUDA toolkit, then the dynamic loader's own search path."""
+    found = [os.environ["OPGUARD_CUPTI"]] if os.environ.get("OPGUARD_CUPTI") else []
+    for root in sys.path:
+        found += sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib", "libcupti.so*")))
+        found += sorted(glob.glob(os.path.join(root, "nvidia", "*", "*", "lib", "libcupti.so*")))
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if home:
+            found += sorted(glob.glob(os.path.join(home, "lib64", "libcupti.so*")))
+            found += sorted(
+                glob.glob(os.path.join(home, "extras", "CUPTI", "lib64", "libcupti.so*"))
+            )
+    return [*found, "libcupti.so.13", "libcupti.so.12", "libcupti.so"]
+
+
+class KernelActivity:
+    """Collects the GPU activity of recorded ops. ``start()`` returns None and a reason when
+    CUPTI cannot be used; recording then goes on without kernels."""
+
+    def __init__(self) -> None:
+        self.push = _C.cupti_push
+        self.pop = _C.cupti_pop
+
+    @classmethod
+    def start(cls) -> tuple[KernelActivity | None, str]:
+        if not getattr(_C, "CUDA_BUILT", False):
+            return None, "OpGuard was built without CUDA"
+        reasons = []
+        for library in _candidates():
+            reason = _C.cupti_start(library)
+            if not reason:
+                return cls(), f"CUPTI from {library}"
+            reasons.append(reason)
+        return None, reasons[-1] if reasons else "libcupti not found"
+
+    def drain(self, final: bool = False) -> dict[int, list[dict[str, Any]]]:
+        """Activity collected so far, by op index (``final``: everything, then stop)."""
+        by_op: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for op, kind, name, grid, block, stream, device, start, end, nbytes in _C.cupti_drain(
+            final
+        ):
+            entry: dict[str, Any] = {
+                "k": KINDS[kind],
+                "n": name,
+                "s": stream,
+                "d": device,
+                "t0": start,
+                "t1": end,
+            }
+            if kind == 0:
+                entry["g"], entry["b"] = list(grid), list(block)
+            else:
+                entry["z"] = nbytes
+            by_op[op].append(entry)
+        if final:
+            _C.cupti_stop()
+        return by_op
