@@ -6,6 +6,7 @@
 #include <string>
 
 #include "fingerprint_cpu.h"
+#include "opscan.h"
 #if OPGUARD_WITH_CUDA
 #include "cupti_activity.h"
 #include "fingerprint_cuda.h"
@@ -128,6 +129,11 @@ void bind_cuda(py::module_& m) {
       py::arg("all") = false,
       "(op, kind, name, grid, block, stream, device, start_ns, end_ns, bytes) per activity.");
   m.def("cupti_stop", &cupti::stop);
+  m.def("cupti_counters", [] {
+    const cupti::Counters c = cupti::counters();
+    return py::dict(py::arg("buffers") = c.buffers, py::arg("records") = c.records,
+                    py::arg("activities") = c.activities, py::arg("correlations") = c.correlations);
+  });
 }
 #endif
 
@@ -156,6 +162,7 @@ PYBIND11_MODULE(_C, m) {
         "Fingerprint of a contiguous byte buffer (same algorithm as a uint8 tensor).");
   m.def("cuda_status", &cuda_status,
         "(usable, reason): whether GPU fingerprints can run here, and why not.");
+  opguard::bind_opscan(m);
 #if OPGUARD_WITH_CUDA
   bind_cuda(m);
 #endif

@@ -34,6 +34,7 @@ struct State {
   bool active = false;
   std::unordered_map<uint32_t, uint64_t> external;     // correlation id -> op index
   std::vector<std::pair<uint32_t, Activity>> waiting;  // activity without a known op yet
+  Counters counters;
 };
 
 State& state() {
@@ -71,8 +72,10 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
+  ++s.counters.buffers;
   CUpti_Activity* record = nullptr;
   while (s.api.next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
+    ++s.counters.records;
     Activity a{};
     uint32_t correlation = 0;
     switch (record->kind) {
@@ -109,11 +112,13 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
         const auto* e = reinterpret_cast<const CUpti_ActivityExternalCorrelation*>(record);
         s.external[e->correlationId] = e->externalId;
+        ++s.counters.correlations;
         continue;
       }
       default:
         continue;
     }
+    ++s.counters.activities;
     s.waiting.emplace_back(correlation, std::move(a));
   }
   free(buffer);
@@ -204,6 +209,12 @@ std::vector<Activity> drain(bool all) {
   s.waiting.swap(still);
   if (all) s.external.clear();
   return ready;
+}
+
+Counters counters() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  return s.counters;
 }
 
 void stop() {

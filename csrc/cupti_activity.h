@@ -23,6 +23,15 @@ struct Activity {
   uint64_t bytes;
 };
 
+// What CUPTI has delivered so far, for diagnostics (`opguard show` of a GPU trace).
+struct Counters {
+  uint64_t buffers = 0;       // buffers CUPTI completed
+  uint64_t records = 0;       // records in them
+  uint64_t activities = 0;    // kernels, memcpys and memsets
+  uint64_t correlations = 0;  // external correlation records
+};
+Counters counters();
+
 // Loads libcupti from `library` (a path or soname) and enables activity collection. Returns
 // an empty string on success, else why it is unavailable.
 std::string start(const std::string& library);

@@ -159,17 +159,6 @@ def test_tf32_setting_is_named(tmp_path: Path) -> None:
     assert "different kernels" in first["summary"]
 
 
-def test_stream_race_shows_overlapping_kernels(tmp_path: Path) -> None:
-    _record("stream_race.py", tmp_path / "a", "wait")
-    _record("stream_race.py", tmp_path / "b", "race")
-    report = _diff(tmp_path / "a", tmp_path / "b")
-    assert report["verdict"] == "diverged"
-    first = report["first_divergence"]
-    assert first["observed"]["a"]["op"] == "aten::mul.Tensor"
-    assert first["stream_race"] and "run B" in first["stream_race"]
-    assert "stream race" in first["summary"]
-
-
 def test_kernels_are_recorded_per_op(tmp_path: Path) -> None:
     _record("matmul_tf32.py", tmp_path / "a", "off")
     result = _run(
