@@ -49,3 +49,22 @@ def record(tmp_path: Path) -> Callable[..., Path]:
         return run_dir
 
     return record_script
+
+
+@pytest.fixture(scope="session")
+def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The bundled demo pair (``opguard demo``), recorded once per session, both at once."""
+    root = tmp_path_factory.mktemp("demo")
+    demo = REPO / "opguard" / "demo"
+    runs = (root / "baseline", root / "refactored")
+    recordings = []
+    for run in runs:
+        script = demo / f"train_{run.name}.py"
+        command = [sys.executable, "-m", "opguard", "record", "-o", str(run), "--", str(script)]
+        recordings.append(
+            subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        )
+    for recording in recordings:
+        _, err = recording.communicate(timeout=300)
+        assert recording.returncode == 0, err
+    return runs

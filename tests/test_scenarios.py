@@ -15,88 +15,17 @@ import difflib
 import json
 import os
 import re
-import subprocess
-import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import run_cli
-
-SCENARIOS = Path(__file__).resolve().parent / "scenarios"
-BASE = SCENARIOS / "base.py"
-GPT2_BASE = SCENARIOS / "gpt2_base.py"
-
-# name -> (script, extra `opguard record` options). "rerun" is the baseline recorded again.
-RECORDINGS: dict[str, tuple[Path, tuple[str, ...]]] = {
-    "base": (BASE, ()),
-    "rerun": (BASE, ()),
-    "base_2_steps": (BASE, ("--steps", "2")),
-    **{
-        name: (SCENARIOS / f"variant_{name}.py", ())
-        for name in (
-            "lr",
-            "init_seed",
-            "seed",
-            "no_zero_grad",
-            "eval",
-            "gelu_tanh",
-            "loss_scaled",
-            "logging",
-            "refactor",
-        )
-    },
-    "gpt2": (GPT2_BASE, ()),
-    "gpt2_eps": (SCENARIOS / "variant_gpt2_eps.py", ()),
-}
-ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "PYTHONUNBUFFERED": "1"}
-
-
-class Recordings:
-    """Run directories of the scenario scripts, each recorded once per session on first use;
-    the runs a test asks for together are recorded in parallel."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self._done: dict[str, Path] = {}
-        self._failed: dict[str, str] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, *names: str) -> list[Path]:
-        with self._lock:
-            wanted = [
-                n for n in dict.fromkeys(names) if n not in self._done and n not in self._failed
-            ]
-            running = [(name, self._start(name)) for name in wanted]
-            for name, proc in running:
-                out, err = proc.communicate(timeout=300)
-                if proc.returncode == 0:
-                    self._done[name] = self.root / name
-                else:
-                    self._failed[name] = f"exit {proc.returncode}\n{out}\n{err}"
-        for name in names:
-            if name in self._failed:
-                pytest.fail(f"recording {name} failed: {self._failed[name]}")
-        return [self._done[n] for n in names]
-
-    def _start(self, name: str) -> subprocess.Popen[str]:
-        """``opguard record -o ROOT/NAME [OPTIONS] -- SCRIPT``, as a user runs it."""
-        script, options = RECORDINGS[name]
-        command = ["record", "-o", str(self.root / name), *options, "--", str(script)]
-        return subprocess.Popen(
-            [sys.executable, "-m", "opguard", *command],
-            cwd=self.root,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, **ENV},
-        )
+from scenario_runs import BASE, GPT2_BASE, SCENARIOS, Recordings, session_recordings
 
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Recordings:
-    return Recordings(tmp_path_factory.mktemp("scenarios"))
+    return session_recordings(tmp_path_factory)
 
 
 def diff(a: Path, b: Path, *options: str) -> tuple[int, dict[str, Any]]:

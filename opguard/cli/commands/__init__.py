@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from . import demo, diff, record, show
+from . import demo, diff, explain, record, show, tui
 from .base import CommandError
 
-ALL = (record, show, diff, demo)
+ALL = (record, show, diff, explain, demo, tui)
 
 __all__ = ["ALL", "CommandError"]

@@ -1,0 +1,117 @@
+"""Compact, deterministic text for ops, tensors, source lines and kernels.
+
+The shared vocabulary of the evidence bundle and the follow-up tools, written for a model's
+context window: short file names, a few leading values with their raw bits, stats, and nothing a
+reader cannot use (fingerprints only say "differs", which the headings already say).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+from ..store import CallSite, OpRecord, TensorRecord
+
+VALUES_SHOWN = 4
+SOURCE_CONTEXT = 2  # lines on each side of a call line
+KERNELS_SHOWN = 4
+KERNEL_NAME_CHARS = 100
+TEXT_CHARS = 100  # longest argument or metadata value shown
+
+
+def number(value: Any) -> str:
+    return f"{value:.8g}" if isinstance(value, float) else str(value)
+
+
+def clip(text: str, limit: int = TEXT_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def value_text(value: Any) -> str:
+    """An argument or metadata value: strings quoted, numbers to 8 digits, long ones clipped."""
+    if isinstance(value, str):
+        return clip(repr(value))
+    if isinstance(value, (list, tuple)):
+        return clip("[" + ", ".join(value_text(v) for v in value) + "]")
+    return clip(number(value))
+
+
+def op_label(op: OpRecord) -> str:
+    """``aten::add_.Tensor [optimizer, step 0] base.py:44 (main)``; a backward op names the
+    forward op whose call site it borrowed."""
+    gradient = f" gradient of #{op.forward_index}" if op.forward_index is not None else ""
+    return f"{op.op} [{op.phase}{gradient}, step {op.step}] {op.call_site.short()}"
+
+
+def op_line(op: OpRecord) -> str:
+    return f"#{op.index} {op_label(op)}"
+
+
+def source_rows(
+    site: CallSite, before: int = SOURCE_CONTEXT, after: int = SOURCE_CONTEXT
+) -> list[tuple[int, str]]:
+    """The recorded source lines around the call line."""
+    return [(n, text) for n, text in site.source if site.line - before <= n <= site.line + after]
+
+
+def source_lines(rows: list[tuple[int, str]], marked: int) -> list[str]:
+    """Numbered, dedented source; the call line marked with ``>``."""
+    if not rows:
+        return []
+    body = textwrap.dedent("\n".join(text for _, text in rows)).split("\n")
+    return [
+        f"{'>' if n == marked else ' '}{n:>5}| {text}".rstrip()
+        for (n, _), text in zip(rows, body, strict=True)
+    ]
+
+
+def tensor_text(t: TensorRecord | None) -> str:
+    """Shape, leading values and bits, stats: one line."""
+    if t is None:
+        return "(absent)"
+    parts = [t.describe_shape()]
+    if t.is_uninitialized:
+        parts.append("uninitialized memory")
+    elif t.is_view:
+        parts.append("view (content is its base's)")
+    elif t.hash is None:
+        parts.append("content not read")
+    if t.head:
+        parts.append("values [" + ", ".join(number(v) for v in t.values()[:VALUES_SHOWN]) + "]")
+        parts.append("bits [" + " ".join(t.bits()[:VALUES_SHOWN]) + "]")
+    if t.stats is not None and t.stats[0] is not None:
+        mn, mx, mean, absmax, nan, inf = t.stats
+        parts.append(
+            f"min {number(mn)} max {number(mx)} mean {number(mean)} absmax {number(absmax)}"
+        )
+        if nan or inf:
+            parts.append(f"nan {nan} inf {inf}")
+    return " ".join(parts)
+
+
+def kernel_lines(op: OpRecord) -> list[str]:
+    """The GPU kernels the op launched: name, then the other recorded fields (grid, stream,
+    duration, ...) in key order."""
+    lines = []
+    for kernel in op.kernels[:KERNELS_SHOWN]:
+        name = clip(str(kernel.get("name", "?")), KERNEL_NAME_CHARS)
+        rest = " ".join(f"{k}={value_text(v)}" for k, v in sorted(kernel.items()) if k != "name")
+        lines.append(f"{name} {rest}".rstrip())
+    if len(op.kernels) > KERNELS_SHOWN:
+        lines.append(f"… {len(op.kernels) - KERNELS_SHOWN} more kernels")
+    return lines
+
+
+def op_detail(op: OpRecord) -> list[str]:
+    """Everything a follow-up question may need about one op, compactly."""
+    lines = [op_line(op)]
+    lines += source_lines(source_rows(op.call_site), op.call_site.line)
+    lines += [f"  arg {name} = {value_text(value)}" for name, value in op.args]
+    if op.rng is not None:
+        lines.append(f"  consumed RNG state {op.rng:016x}")
+    for t in op.inputs:
+        producer = f" from #{t.producer[0]} out {t.producer[1]}" if t.producer else " (leaf)"
+        lines.append(f"  in {t.slot}{producer}: {tensor_text(t)}")
+    lines += [f"  out {t.slot}: {tensor_text(t)}" for t in op.outputs]
+    lines += [f"  kernel {k}" for k in kernel_lines(op)]
+    return lines

@@ -1,0 +1,53 @@
+"""What differs between the two runs' ``meta.json``: versions, devices, environment, argv.
+
+A divergence with equal inputs often has its reason here (another torch, another GPU, another
+``OMP_NUM_THREADS``), so these go into the evidence. Fields that differ between any two runs
+(start and end times) or restate others (the full ``opguard record`` command, which adds only the
+run directory to ``argv``) are left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .describe import value_text
+
+IGNORED = frozenset({"started", "ended", "command"})
+# Fields that change numerics by themselves (as opposed to argv, ops, exit status, ...).
+ENVIRONMENTAL = ("python", "torch", "cuda", "opguard", "devices", "platform", "world_size", "host")
+
+
+@dataclass(frozen=True, slots=True)
+class MetaDiff:
+    key: str  # a meta.json field, or env.NAME for a recorded environment variable
+    a: Any  # None: absent in that run
+    b: Any
+
+    @property
+    def environmental(self) -> bool:
+        return self.key in ENVIRONMENTAL or self.key.startswith("env.")
+
+    def text(self) -> str:
+        return f"{self.key}: {_shown(self.a)} (A) vs {_shown(self.b)} (B)"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "a": self.a, "b": self.b}
+
+
+def _shown(value: Any) -> str:
+    return "(unset)" if value is None else value_text(value)
+
+
+def _flat(meta: dict[str, Any]) -> dict[str, Any]:
+    flat = {k: v for k, v in meta.items() if k not in IGNORED and k != "env"}
+    flat.update({f"env.{k}": v for k, v in (meta.get("env") or {}).items()})
+    return flat
+
+
+def differing_metadata(meta_a: dict[str, Any], meta_b: dict[str, Any]) -> list[MetaDiff]:
+    """Fields whose values differ, in key order."""
+    a, b = _flat(meta_a), _flat(meta_b)
+    return [
+        MetaDiff(k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)
+    ]

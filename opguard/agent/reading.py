@@ -1,0 +1,188 @@
+"""The offline reading of a divergence: what a person would say on seeing the evidence, by rule.
+
+This is the answer when no model is configured, and part of the prompt when one is (a model
+reasons better from "argument `eps` differs: 1e-05 vs 1e-06" than from two records). Every
+sentence is derived from recorded facts, never from file or script names.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from ..analysis import Divergence, TensorDiff
+from .describe import number, op_line, value_text
+from .metadata import MetaDiff
+
+# Machine epsilon per floating dtype: differences within a few ulps are rounding, not a bug.
+EPSILON = {"float64": 2.2e-16, "float32": 1.2e-7, "float16": 9.8e-4, "bfloat16": 7.8e-3}
+ROUNDING_ULPS = 16
+
+
+def read_divergence(div: Divergence | None, meta: list[MetaDiff]) -> list[str]:
+    """Findings, most telling first."""
+    if div is None:
+        return [
+            "identical: every aligned op produced bit-identical outputs; ops found in one run "
+            "only (logging, refactoring) changed no result"
+        ]
+    findings = CAUSES.get(div.cause, _unexplained)(div)
+    if div.hint:
+        findings.append(f"hint: {div.hint}")
+    findings += _magnitude(div.outputs)
+    environmental = [m for m in meta if m.environmental]
+    if environmental:
+        lead = (
+            "equal inputs yet different outputs, and the runs ran in different environments"
+            if div.cause == "origin"
+            else "the runs also ran in different environments"
+        )
+        findings.append(f"{lead}: " + "; ".join(m.text() for m in environmental))
+    return findings
+
+
+def _arguments(div: Divergence) -> list[str]:
+    found = []
+    for d in div.arguments:
+        text = (
+            f"argument `{d.name}` differs: {_passed(d.a, d.a_passed)} vs {_passed(d.b, d.b_passed)}"
+        )
+        if not (d.a_passed and d.b_passed):
+            text += (
+                f" (run {'A' if not d.a_passed else 'B'} did not pass it: the op's default applied)"
+            )
+        found.append(text)
+    op = div.a or div.observed_a
+    if op.phase == "optimizer":
+        found.append(
+            "the op belongs to the optimizer step: an optimizer setting differs (learning rate, "
+            "momentum, weight decay; SGD applies the learning rate as alpha=-lr)"
+        )
+    if div.rng_differs:
+        found.append("the op's RNG state differs as well")
+    return found
+
+
+def _passed(value: object, passed: bool) -> str:
+    return value_text(value) if passed else "default"
+
+
+def _rng(div: Divergence) -> list[str]:
+    op = div.a or div.observed_a
+    return [
+        f"random op with a different RNG state: {op_line(op)}; its inputs and arguments are "
+        "equal, so the seed (torch.manual_seed, generator) or the random draws made before it "
+        "differ"
+    ]
+
+
+def _origin(div: Divergence) -> list[str]:
+    a, b = div.observed_a, div.observed_b
+    names_a = [k.get("name") for k in a.kernels]
+    names_b = [k.get("name") for k in b.kernels]
+    if names_a and names_b and names_a != names_b:
+        return [
+            f"equal inputs, different kernels chosen: run A ran {value_text(names_a)}, run B ran "
+            f"{value_text(names_b)} (library heuristics, TF32 or precision settings, "
+            "deterministic algorithms off)"
+        ]
+    kernels = "same kernels" if names_a else "no kernels recorded"
+    return [
+        f"equal inputs and arguments, different outputs ({kernels}): a nondeterministic "
+        "implementation (atomics, split reductions, thread count), a race, or a hardware fault"
+    ]
+
+
+def _structure(div: Divergence) -> list[str]:
+    seen = f"first seen at #{div.observed_a.index} {div.observed_a.op}"
+    if div.cause == "replaced" and div.a is not None and div.b is not None:
+        return [
+            f"op #{div.a.index} {div.a.op} of run A was replaced in run B by {op_line(div.b)}; {seen}"
+        ]
+    run, op = ("B", div.b) if div.cause == "inserted" else ("A", div.a)
+    assert op is not None
+    source = op.call_site.source_line()
+    quoted = f" `{source}`" if source else ""
+    return [f"op only in run {run} feeds the divergence: {op_line(op)}{quoted}; {seen}"]
+
+
+def _last_slot(div: Divergence) -> str:
+    link = div.chain[-1] if div.chain else None
+    return f"input `{link.slot}` of {op_line(link.a)}" if link else "an input"
+
+
+def _leaf(div: Divergence) -> list[str]:
+    return [
+        f"{_last_slot(div)} differs and no recorded op produced it: data, parameters or a tensor "
+        "made before recording (data order, initialisation seed, checkpoint)"
+    ]
+
+
+def _unrecorded(div: Divergence) -> list[str]:
+    return [
+        f"{_last_slot(div)} was equal when produced and differs when read: something OpGuard "
+        "did not record wrote it (a custom extension, a .data write, a NumPy view)"
+    ]
+
+
+def _earlier(div: Divergence) -> list[str]:
+    return [
+        f"{_last_slot(div)} already differed when step {div.step} began: compare without "
+        "--step to find where"
+    ]
+
+
+def _unexplained(div: Divergence) -> list[str]:
+    return [f"outputs of {op_line(div.observed_a)} differ"]
+
+
+CAUSES: dict[str, Callable[[Divergence], list[str]]] = {
+    "argument": _arguments,
+    "rng": _rng,
+    "origin": _origin,
+    "inserted": _structure,
+    "removed": _structure,
+    "replaced": _structure,
+    "leaf": _leaf,
+    "unrecorded-write": _unrecorded,
+    "earlier-step": _earlier,
+}
+
+
+def _magnitude(outputs: list[TensorDiff]) -> list[str]:
+    """How far apart the first differing output is: rounding-level or real, NaN or Inf."""
+    if not outputs or outputs[0].a is None or outputs[0].b is None:
+        return []
+    d = outputs[0]
+    assert d.a is not None and d.b is not None
+    found = []
+    for name, column in (("NaN", 4), ("Inf", 5)):
+        counts = [t.stats[column] if t.stats is not None else 0 for t in (d.a, d.b)]
+        if bool(counts[0]) != bool(counts[1]):
+            run = "A" if counts[0] else "B"
+            found.append(
+                f"{name} appears in run {run}'s output `{d.slot}` ({max(counts)} values), not in the other's"
+            )
+    eps = EPSILON.get(d.a.dtype)
+    pairs = [
+        (x, y)
+        for x, y in zip(d.a.values(), d.b.values(), strict=False)
+        if isinstance(x, float) and isinstance(y, float) and math.isfinite(x) and math.isfinite(y)
+    ]
+    if eps is None or not pairs or d.a.shape != d.b.shape:
+        return found
+    worst = max(abs(x - y) / max(abs(x), abs(y), 1e-30) for x, y in pairs)
+    if worst == 0:
+        found.append(
+            f"output `{d.slot}`: the leading values are equal; the difference lies further in"
+        )
+    elif worst <= ROUNDING_ULPS * eps:
+        found.append(
+            f"output `{d.slot}` differs at rounding level (relative {number(worst)} in the leading "
+            "values): a change in the order or precision of arithmetic, not in the math"
+        )
+    else:
+        found.append(
+            f"output `{d.slot}` differs by up to {number(worst)} (relative) in the leading values"
+        )
+    return found

@@ -1,0 +1,54 @@
+"""One explain session over a diff, as the CLI and the TUI both open it: the evidence bundle
+and its rule-based reading always; an agent, with its own budget, when a model is configured
+and there is something to explain."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..analysis import RunDiff
+from ..store import Run
+from .budget import Budget
+from .config import AgentSettings
+from .conversation import Agent
+from .evidence import Evidence, build_evidence
+from .llm import Completion, LiteLLMCompletion, listed_prices
+from .tools import TraceTools
+
+HOW_TO_ENABLE = (
+    "To ask a model, name one: --model groq/openai/gpt-oss-20b (key in GROQ_API_KEY), or any "
+    'LiteLLM model string; or set OPGUARD_MODEL, or model = "…" under [agent] in '
+    "~/.config/opguard/config.toml (chmod 600). A local OpenAI-compatible server: --model "
+    "openai/NAME --api-base URL --input-price 0 --output-price 0."
+)
+
+
+@dataclass
+class Session:
+    result: RunDiff
+    evidence: Evidence
+    settings: AgentSettings
+    agent: Agent | None  # None: no model configured, or the runs are identical
+
+    @property
+    def reading(self) -> list[str]:
+        return list(self.evidence.data["reading"])
+
+
+def open_session(
+    result: RunDiff,
+    run_a: Run,
+    run_b: Run,
+    settings: AgentSettings,
+    complete: Completion | None = None,
+) -> Session:
+    """Builds the evidence and, when there is a model and a divergence, an agent. Raises
+    ConfigError when the model's price is unknown and not given (no call could be bounded)."""
+    evidence = build_evidence(result, run_a, run_b, model=settings.model)
+    first = result.first
+    if settings.model is None or first is None:
+        return Session(result, evidence, settings, None)
+    budget = Budget(settings.budget, settings.max_tokens, settings.pricing(listed_prices))
+    tools = TraceTools(run_a, run_b, first.rank)
+    agent = Agent(evidence, settings, budget, tools, complete or LiteLLMCompletion())
+    return Session(result, evidence, settings, agent)

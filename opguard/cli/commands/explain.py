@@ -1,0 +1,204 @@
+"""``opguard explain RUN_A RUN_B [--model M] [--budget USD] [--max-tokens N] [--api-base URL]
+[--json]``: the first divergence explained, by an LLM under a budget or offline by rule.
+
+Exit status as for ``diff``: 0 identical, 1 diverged, 2 error (a call the budget refused is an
+error: it was not sent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+from ...analysis import diff_runs
+from ...store import Run
+from .base import CommandError, print_json
+
+if TYPE_CHECKING:  # the agent (and LiteLLM behind it) is imported only when explain runs
+    from ...agent import Agent, Event, Session
+
+SCHEMA = "opguard.explain/1"
+SETTING_FLAGS = (
+    "model",
+    "api_base",
+    "api_key",
+    "budget",
+    "max_tokens",
+    "max_output",
+    "rounds",
+    "input_price",
+    "output_price",
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "explain",
+        help="explain the first divergence (an LLM under a budget, or offline rules)",
+        description="Builds the evidence bundle of the first divergence and asks a model "
+        "(any LiteLLM model string) to explain it, refusing any call whose worst-case cost "
+        "does not fit the budget. Without a model: the bundle and the rule-based reading. "
+        "Exit status: 0 identical, 1 diverged, 2 error.",
+    )
+    p.add_argument("run_a", metavar="RUN_A")
+    p.add_argument("run_b", metavar="RUN_B")
+    p.add_argument("--rank", type=int, help="compare only this rank")
+    p.add_argument("--step", type=int, help="compare only this step")
+    p.add_argument("--model", metavar="M", help="LiteLLM model, e.g. groq/openai/gpt-oss-20b")
+    p.add_argument("--api-base", metavar="URL", help="an OpenAI-compatible server's base URL")
+    p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="API key (visible to other users in the process list: prefer the provider's "
+        "environment variable or the config file)",
+    )
+    # Defaults live in opguard.agent.config (not imported here: building the parser must stay
+    # cheap); the limits in force are printed before the first call.
+    p.add_argument("--budget", metavar="USD", help="most the session may spend")
+    p.add_argument("--max-tokens", metavar="N", help="most prompt + output tokens in the session")
+    p.add_argument("--max-output", metavar="N", help="most output tokens of one call")
+    p.add_argument("--rounds", metavar="N", help="most rounds of follow-up tool calls")
+    p.add_argument("--input-price", metavar="USD", help="USD per million input tokens")
+    p.add_argument("--output-price", metavar="USD", help="USD per million output tokens")
+    p.add_argument("-q", "--question", help="ask this instead of the default question")
+    p.add_argument("--json", action="store_true", help="print one opguard.explain/1 object")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ...agent import BudgetRefused, ConfigError, ProviderError, open_session, resolve_settings
+
+    flags = {name: getattr(args, name) for name in SETTING_FLAGS}
+    with Run(args.run_a) as run_a, Run(args.run_b) as run_b:
+        result = diff_runs(run_a, run_b, rank=args.rank, step=args.step)
+        try:
+            session = open_session(result, run_a, run_b, resolve_settings(flags))
+        except ConfigError as exc:
+            raise CommandError(str(exc)) from None
+        report = _report(session)
+        if not args.json:
+            _print_opening(session)
+        if session.agent is not None:
+            transcript = _Transcript(echo=not args.json)
+            try:
+                for event in session.agent.ask(args.question):
+                    transcript.add(event)
+            except (BudgetRefused, ProviderError) as exc:
+                raise CommandError(str(exc)) from None
+            report["agent"] = transcript.finish(session.agent)
+    if args.json:
+        print_json(report)
+    return 1 if result.first is not None else 0
+
+
+def _report(session: Session) -> dict[str, Any]:
+    from ...agent import HOW_TO_ENABLE
+
+    return {
+        "schema": SCHEMA,
+        "verdict": session.result.verdict,
+        "evidence": session.evidence.to_json(),
+        "evidence_text": session.evidence.text,
+        "agent": None,
+        "how_to_enable": HOW_TO_ENABLE if session.settings.model is None else None,
+    }
+
+
+def _print_opening(session: Session) -> None:
+    """With an agent: the bundle's size, model, prices and budget. Without: the bundle itself
+    (its last section is the rule-based reading) and why no model was asked."""
+    from ...agent import HOW_TO_ENABLE
+
+    evidence, agent = session.evidence, session.agent
+    if agent is not None:
+        budget = agent.budget
+        print(
+            f"evidence: {evidence.tokens:,} tokens; asking {agent.model} at "
+            f"{budget.pricing.describe()}; budget ${budget.usd:g}, {budget.tokens:,} tokens"
+        )
+        return
+    print(evidence.text)
+    print(f"evidence: {evidence.tokens:,} tokens (counted for {evidence.token_model})")
+    if session.result.first is None:
+        print("The runs are identical: nothing to explain, no model asked.")
+    else:
+        print(
+            f"No model configured: the reading above is OpGuard's offline answer.\n{HOW_TO_ENABLE}"
+        )
+
+
+class _Transcript:
+    """The conversation as it happens: printed line by line when ``echo``, and kept for
+    ``--json``."""
+
+    def __init__(self, *, echo: bool) -> None:
+        self.echo = echo
+        self._mid_line = False
+        self.answer: list[str] = []
+        self.calls: list[dict[str, Any]] = []
+        self.tools: list[dict[str, Any]] = []
+
+    def add(self, event: Event) -> None:
+        from ...agent import CallPlanned, CallSettled, TextPiece, ToolAnswered
+
+        if isinstance(event, TextPiece):
+            self.answer.append(event.text)
+            self._stream(event.text)
+        elif isinstance(event, CallPlanned):
+            b = event.bound
+            self.calls.append(
+                {"bound_usd": b.usd, "prompt_tokens": b.prompt_tokens, "max_output": b.max_output}
+            )
+            self._print(
+                f"· call {event.number}: at most ${b.usd:.6f} ({b.prompt_tokens:,} prompt + "
+                f"{b.max_output:,} output tokens); left ${event.left_usd:.6f}, "
+                f"{event.left_tokens:,} tokens"
+            )
+        elif isinstance(event, CallSettled):
+            c = event.charge
+            self.calls[-1].update(
+                input_tokens=c.prompt_tokens,
+                output_tokens=c.completion_tokens,
+                usd=c.usd,
+                estimated=c.estimated,
+            )
+            estimated = " (estimated: the provider reported no usage)" if c.estimated else ""
+            self._print(
+                f"· call {event.number}: ${c.usd:.6f} ({c.prompt_tokens:,} input + "
+                f"{c.completion_tokens:,} output tokens){estimated}"
+            )
+        elif isinstance(event, ToolAnswered):
+            self.tools.append(
+                {"name": event.name, "arguments": event.arguments, "tokens": event.result_tokens}
+            )
+            self._print(f"· tool {event.name} {event.arguments} -> {event.result_tokens:,} tokens")
+
+    def finish(self, agent: Agent) -> dict[str, Any]:
+        budget = agent.budget
+        self._print(f"· {budget.describe()}")
+        return {
+            "model": agent.model,
+            "pricing": budget.pricing.to_json(),
+            "answer": "".join(self.answer),
+            "calls": self.calls,
+            "tools": self.tools,
+            "spent_usd": budget.spent_usd,
+            "spent_tokens": budget.spent_tokens,
+            "budget_usd": budget.usd,
+            "max_tokens": budget.tokens,
+        }
+
+    def _stream(self, text: str) -> None:
+        """A piece of the answer, as it arrives."""
+        if self.echo and text:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            self._mid_line = not text.endswith("\n")
+
+    def _print(self, line: str) -> None:
+        """A line of its own (ending a streamed line first)."""
+        if self.echo:
+            sys.stdout.write(("\n" if self._mid_line else "") + line + "\n")
+            sys.stdout.flush()
+            self._mid_line = False

@@ -1,0 +1,34 @@
+"""``opguard tui RUN_A RUN_B``: step through two aligned runs in the terminal, like a debugger.
+
+Both runs are opened (and any that cannot be read reported as one line, exit status 2) before
+Textual is imported, so bad input never meets a half-started UI.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tui",
+        help="step through two aligned runs in the terminal, like a debugger",
+        description="Opens two recorded runs side by side at their first divergence. "
+        "Press ? in the debugger for its keys.",
+    )
+    p.add_argument("run_a", metavar="RUN_A")
+    p.add_argument("run_b", metavar="RUN_B")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ...tui.session import Session
+
+    session = Session.open(args.run_a, args.run_b)
+    try:
+        from ...tui.app import OpguardApp
+
+        OpguardApp(session).run()
+    finally:
+        session.close()
+    return 0

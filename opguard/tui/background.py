@@ -1,0 +1,77 @@
+"""Comparing two runs in a child process.
+
+Diffing a pair of million-op traces is tens of seconds of pure Python. In a thread it would hold
+the GIL that the UI needs for every key press, and scrolling would stall until it finished; in
+its own interpreter it costs the UI nothing. The child (``python -m opguard.tui.background``)
+imports only the store and the analysis and writes pickled results to its stdout, in order:
+the rank's diff, then both runs' loss curves, or one error line.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from ..analysis import diff_runs
+from ..store import Run
+from .rows import Side
+from .series import loss_series
+
+
+def compare(path_a: str, path_b: str, rank: int, out: IO[bytes]) -> None:
+    """The child's work: never raises, every outcome is a result on ``out``."""
+
+    def send(kind: str, payload: Any) -> None:
+        pickle.dump((kind, payload), out)
+        out.flush()
+
+    try:
+        with Run(path_a) as run_a, Run(path_b) as run_b:
+            send("diff", diff_runs(run_a, run_b, rank=rank).ranks[0])
+            runs = {Side.A: run_a, Side.B: run_b}
+            send("loss", {side: loss_series(run.rank(rank)) for side, run in runs.items()})
+    except Exception as exc:
+        send("error", f"{type(exc).__name__}: {exc}")
+
+
+class Comparison:
+    """One rank's comparison, running in a child process from construction on."""
+
+    def __init__(self, path_a: Path, path_b: Path, rank: int) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(path_a), str(path_b), str(rank)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def results(self) -> Iterator[tuple[str, Any]]:
+        """("diff", RankDiff), ("loss", {Side: {step: value}}) or ("error", text), as they
+        arrive; ends when the child is done or :meth:`stop` was called."""
+        stdout = self._process.stdout
+        assert stdout is not None
+        while True:
+            try:
+                yield pickle.load(stdout)  # our own child's output: trusted
+            except (EOFError, OSError, ValueError, pickle.UnpicklingError):
+                code = self._process.wait()
+                if code not in (0, -signal.SIGTERM):  # SIGTERM: stopped by us
+                    yield ("error", f"the comparing process exited with status {code}")
+                return
+
+    def stop(self) -> None:
+        """Ends the child now (a rank switch or quitting makes its answer useless)."""
+        if self._process.poll() is None:
+            self._process.terminate()
+        self._process.wait()
+        if self._process.stdout is not None:
+            self._process.stdout.close()
+
+
+if __name__ == "__main__":
+    compare(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.stdout.buffer)

@@ -1,0 +1,306 @@
+"""What the detail pane shows about the selected row: both runs' records of the op, side by
+side, with what differs marked, its source and stack, the producers of its inputs, and its GPU
+kernels. Only the selected op (and the names of its producers) is decoded in full.
+
+Plain Rich renderables, so this is testable and reusable without the Textual app.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from ..analysis.divergence import differing_arguments, differing_tensors
+from ..store import CallSite, OpRecord, RankTrace, TensorRecord, TraceError
+from ..store.records import STAT_NAMES
+from .rows import Row, Side
+
+VALUES_SHOWN = 4
+KERNELS_SHOWN = 8
+DIFFERS = "bold red"
+COUNTS = ("nan", "inf")
+
+
+@dataclass(frozen=True, slots=True)
+class Producer:
+    """An input of the selected op and the op that produced it: a place to jump to."""
+
+    number: int  # what the person presses to follow it
+    slot: str
+    side: Side
+    index: int
+    op: str
+    differs: bool  # the input's content differs between the runs
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The selected row, decoded."""
+
+    row: Row
+    mark: str  # "first divergence", "cause" or ""
+    a: OpRecord | None
+    b: OpRecord | None
+    stacks: tuple[list[CallSite], list[CallSite]]
+    producers: tuple[Producer, ...]
+
+    @classmethod
+    def load(cls, row: Row, traces: tuple[RankTrace, RankTrace], mark: str = "") -> Selection:
+        a = traces[0].op(row.a.index) if row.a is not None else None
+        b = traces[1].op(row.b.index) if row.b is not None else None
+        stacks = (
+            traces[0].stack(a.stack_id) if a is not None else [],
+            traces[1].stack(b.stack_id) if b is not None else [],
+        )
+        return cls(row, mark, a, b, stacks, _producers(a, b, traces))
+
+    def follow(self, number: int | None = None) -> Producer | None:
+        """Producer ``number``; by default the first one whose input differs (the way back
+        to a difference's cause), else the first one."""
+        if number is not None:
+            return next((p for p in self.producers if p.number == number), None)
+        return next((p for p in self.producers if p.differs), None) or next(
+            iter(self.producers), None
+        )
+
+
+def _producers(
+    a: OpRecord | None, b: OpRecord | None, traces: tuple[RankTrace, RankTrace]
+) -> tuple[Producer, ...]:
+    side, op = (Side.A, a) if a is not None else (Side.B, b)
+    if op is None:
+        return ()
+    differing = {d.slot for d in differing_tensors(a.inputs, b.inputs)} if a and b else set()
+    found: list[Producer] = []
+    for tensor in op.inputs:
+        if tensor.producer is None:
+            continue
+        index = tensor.producer[0]
+        try:
+            name = traces[side.value].op(index).op
+        except TraceError:
+            name = "?"
+        found.append(
+            Producer(len(found) + 1, tensor.slot, side, index, name, tensor.slot in differing)
+        )
+    return tuple(found)
+
+
+# -- rendering --------------------------------------------------------------------------------
+
+
+def display_path(path: str) -> str:
+    """Paths under the working directory are shown relative to it."""
+    if os.path.isabs(path):
+        relative = os.path.relpath(path)
+        if not relative.startswith(".."):
+            return relative
+    return path
+
+
+def _num(value: Any) -> str:
+    return f"{value:.8g}" if isinstance(value, float) else str(value)
+
+
+def _tensor_text(t: TensorRecord | None, other: TensorRecord | None) -> Text:
+    """A tensor's shape, fingerprint, leading values (as numbers and raw bits) and stats;
+    leading values that differ from ``other``'s are marked."""
+    if t is None:
+        return Text("(absent)", style="dim")
+    text = Text(f"{t.describe_shape()}  fp {t.fingerprint_text()}")
+    if t.head:
+        values, bits = t.values()[:VALUES_SHOWN], t.bits()[:VALUES_SHOWN]
+        theirs = other.bits()[:VALUES_SHOWN] if other is not None and other.head else None
+        text.append("\n")
+        for at, (value, bit) in enumerate(zip(values, bits, strict=False)):
+            differs = theirs is not None and (at >= len(theirs) or theirs[at] != bit)
+            text.append(f"{_num(value)} ", style=DIFFERS if differs else "")
+        text.append("\n" + " ".join(bits), style="dim")
+    if t.stats is not None and t.stats[0] is not None:
+        # NaN and Inf counts only when there are any.
+        stats = [(n, v) for n, v in zip(STAT_NAMES, t.stats, strict=False) if n not in COUNTS or v]
+        text.append("\n" + " ".join(f"{n} {_num(v)}" for n, v in stats), style="dim")
+    return text
+
+
+def _tensors(title: str, a: Sequence[TensorRecord], b: Sequence[TensorRecord], runs: str) -> Table:
+    """Tensors by slot; a slot equal in both runs is shown once (``A=B``), a differing one
+    from each run. ``runs`` says which runs have the op: "AB", "A" or "B"."""
+    differing = {d.slot for d in differing_tensors(tuple(a), tuple(b))} if runs == "AB" else set()
+    by_a, by_b = {t.slot: t for t in a}, {t.slot: t for t in b}
+    table = Table.grid(padding=(0, 1))
+    table.title, table.title_justify, table.title_style = title, "left", "bold"
+    table.add_column(no_wrap=True)
+    table.add_column(no_wrap=True)
+    table.add_column()
+    for slot in [*by_a, *(s for s in by_b if s not in by_a)]:
+        ta, tb = by_a.get(slot), by_b.get(slot)
+        if runs != "AB":
+            table.add_row(slot, runs, _tensor_text(ta or tb, None))
+        elif slot not in differing:
+            table.add_row(slot, "A=B", _tensor_text(ta, None))
+        else:
+            table.add_row(Text(f"≠ {slot}", style=DIFFERS), "A", _tensor_text(ta, tb))
+            table.add_row("", "B", _tensor_text(tb, ta))
+    return table
+
+
+def _table(title: str, both: bool) -> Table:
+    table = Table(title=title, title_justify="left", title_style="bold", box=None, expand=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("A" if both else "")
+    if both:
+        table.add_column("B")
+    return table
+
+
+def _arguments(a: OpRecord | None, b: OpRecord | None) -> Table | None:
+    ops = [op for op in (a, b) if op is not None]
+    if not any(op.args for op in ops):
+        return None
+    differing = {d.name for d in differing_arguments(a, b)} if a and b else set()
+    table = _table("arguments", a is not None and b is not None)
+    names = dict.fromkeys(name for op in ops for name, _ in op.args)
+    for name in names:
+        style = DIFFERS if name in differing else ""
+        cells = [_argument(dict(op.args), name, style) for op in ops]
+        table.add_row(Text(f"≠ {name}" if style else name, style=style), *cells)
+    return table
+
+
+def _argument(args: dict[str, Any], name: str, style: str) -> Text:
+    """An argument's value as passed, or "default" when the call left it out."""
+    if name not in args:
+        return Text("default", style=f"{style} italic")
+    return Text(repr(args[name]), style=style)
+
+
+def _scalars(a: OpRecord | None, b: OpRecord | None) -> Text | None:
+    """The RNG state a random op consumed and a returned number (``.item()``), when there."""
+    text = Text()
+    for label, attr, fmt in (("RNG state", "rng", "{:016x}"), ("returned", "returned", "{}")):
+        values = [getattr(op, attr) if op is not None else None for op in (a, b)]
+        if all(v is None for v in values):
+            continue
+        shown = ["-" if v is None else fmt.format(v) for v in values]
+        differs = a is not None and b is not None and values[0] != values[1]
+        text.append(f"{label}: A {shown[0]}   B {shown[1]}\n", style=DIFFERS if differs else "")
+    return text if text else None
+
+
+def _source(site: CallSite, run: str) -> RenderableType:
+    title = Text(f"{run} {display_path(site.file)}:{site.line} in {site.function}", style="bold")
+    if not site.source:
+        return Group(title, Text("  (no source recorded)", style="dim"))
+    code = "\n".join(text for _, text in site.source)
+    syntax = Syntax(
+        code,
+        "python",
+        line_numbers=True,
+        start_line=site.source[0][0],
+        highlight_lines={site.line},
+        theme="ansi_dark",
+        word_wrap=False,
+    )
+    return Group(title, syntax)
+
+
+def _sources(a: OpRecord | None, b: OpRecord | None) -> list[RenderableType]:
+    sites = [(run, op.call_site) for run, op in (("A", a), ("B", b)) if op is not None]
+    if len(sites) == 2 and sites[0][1] == sites[1][1]:
+        sites = [("A and B", sites[0][1])]
+    return [_source(site, run) for run, site in sites]
+
+
+def _stack(frames: Iterable[CallSite], run: str) -> Text:
+    text = Text(f"stack {run} (outermost first)\n", style="bold")
+    frames = list(frames)
+    for depth, site in enumerate(frames):
+        marker = "▶ " if depth == len(frames) - 1 else "  "
+        text.append(
+            f"{marker}{'  ' * min(depth, 8)}{display_path(site.file)}:{site.line} {site.function}\n"
+        )
+    return text
+
+
+def _producer_text(producers: Sequence[Producer]) -> Text | None:
+    if not producers:
+        return None
+    text = Text(
+        "producers of the inputs (press the number to follow, f: first differing, b: back)\n",
+        style="bold",
+    )
+    for p in producers:
+        line = f"  [{p.number}] {p.slot} ← {p.side.name} #{p.index} {p.op}"
+        text.append(
+            line + (" (differs)\n" if p.differs else "\n"), style=DIFFERS if p.differs else ""
+        )
+    return text
+
+
+def _kernels(a: OpRecord | None, b: OpRecord | None) -> Table | None:
+    if not any(op is not None and op.kernels for op in (a, b)):
+        return None
+    table = Table(
+        title="GPU work", title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, expand=True
+    )
+    for column in ("run", "kind", "name", "grid / bytes", "stream", "µs"):
+        table.add_column(column)
+    for run, op in (("A", a), ("B", b)):
+        kernels = op.kernels if op is not None else ()
+        for k in kernels[:KERNELS_SHOWN]:
+            shape = f"{k['g']} {k['b']}" if "g" in k else f"{k.get('z', '')}"
+            micros = (k.get("t1", 0) - k.get("t0", 0)) / 1e3
+            table.add_row(
+                run,
+                k.get("k", "kernel"),
+                k.get("n", "?"),
+                shape,
+                str(k.get("s", "")),
+                f"{micros:.1f}",
+            )
+        if len(kernels) > KERNELS_SHOWN:
+            table.add_row(run, "", f"… {len(kernels) - KERNELS_SHOWN} more", "", "", "")
+    return table
+
+
+def _title(sel: Selection) -> Text:
+    """The op and its status; then which op it is in each run, its phase and step."""
+    status = sel.mark or sel.row.status.value
+    text = Text(sel.row.shown.name, style="bold")
+    text.append(f"  [{status}]", style=DIFFERS if sel.mark or status == "differing" else "")
+    where = [
+        f"{run} #{rec.index}" if rec else f"{run} -" for run, rec in (("A", sel.a), ("B", sel.b))
+    ]
+    rec = sel.a or sel.b
+    if rec is not None:
+        where += [rec.phase, f"step {rec.step}"]
+    text.append("\n" + " · ".join(where), style="dim")
+    return text
+
+
+def render(sel: Selection) -> RenderableType:
+    """The whole detail pane for one selected row."""
+    a, b = sel.a, sel.b
+    parts: list[RenderableType | None] = [_title(sel), _arguments(a, b), _scalars(a, b)]
+    runs = "".join(run for run, op in (("A", a), ("B", b)) if op is not None)
+    for title in ("inputs", "outputs"):
+        tensors = [getattr(op, title) if op is not None else () for op in (a, b)]
+        if any(tensors):
+            parts.append(_tensors(title, tensors[0], tensors[1], runs))
+    parts.append(_producer_text(sel.producers))
+    parts.extend(_sources(a, b))
+    stacks = [(run, frames) for run, frames in zip(("A", "B"), sel.stacks, strict=True) if frames]
+    if len(stacks) == 2 and stacks[0][1] == stacks[1][1]:
+        stacks = [("A and B", stacks[0][1])]
+    parts.extend(_stack(frames, run) for run, frames in stacks)
+    parts.append(_kernels(a, b))
+    return Group(*(p for p in parts if p is not None))

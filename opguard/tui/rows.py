@@ -1,0 +1,179 @@
+"""The aligned op list of one rank of two runs, built lazily one step at a time.
+
+A step's rows come from the same alignment the diff uses (:func:`opguard.analysis.align.align`
+and :func:`~opguard.analysis.align.merge` on light op views), so the list shows exactly the
+pairs the verdict was drawn from. Only the steps a person looks at are aligned; a few recent
+ones are kept. Rows hold what the list draws (name, call site, stack depth), never full records.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from ..analysis import RankDiff, StepSummary
+from ..analysis.align import AlignReader, align, merge
+from ..analysis.keys import KeyTable, LightOp
+from ..store import CallSite, RankTrace
+from ..store.records import UNKNOWN_SITE
+from .steps import StepIndex
+
+STEP_CACHE = 16
+
+
+class Side(Enum):
+    A = 0
+    B = 1
+
+
+class Status(Enum):
+    EQUAL = "equal"
+    DIFFERING = "differing"
+    ONLY_A = "only in A"
+    ONLY_B = "only in B"
+
+
+@dataclass(frozen=True, slots=True)
+class OpLine:
+    """One op as the list shows it."""
+
+    index: int
+    name: str
+    site: CallSite
+    depth: int  # frames in its user stack: step over / step out compare these
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    a: OpLine | None
+    b: OpLine | None
+    status: Status
+
+    @property
+    def shown(self) -> OpLine:
+        """The op that stands for the row: A's, or B's when only B has it."""
+        op = self.a if self.a is not None else self.b
+        assert op is not None
+        return op
+
+    def side(self, side: Side) -> OpLine | None:
+        return self.a if side is Side.A else self.b
+
+
+class _Lines:
+    """Turns one trace's raw ops into (alignment view, list line) pairs."""
+
+    def __init__(self, trace: RankTrace, table: KeyTable) -> None:
+        self.trace = trace
+        self._light = AlignReader(trace, table)
+        self._names = trace.op_names
+        self._sites = trace.sites
+        self._depths = {ident: len(stack) for ident, stack in trace.stacks.items()}
+
+    def read(self, start: int, stop: int) -> tuple[list[LightOp], list[OpLine]]:
+        lights: list[LightOp] = []
+        lines: list[OpLine] = []
+        for raw in self.trace.raw_ops(start, stop):
+            lights.append(self._light.light(raw))
+            lines.append(self._line(raw))
+        return lights, lines
+
+    def _line(self, raw: dict[str, Any]) -> OpLine:
+        name = self._names.get(raw["o"], f"<op {raw['o']}>")
+        site = self._sites.get(raw.get("c", -1), UNKNOWN_SITE)
+        return OpLine(raw["i"], name, site, self._depths.get(raw.get("k", -1), 0))
+
+
+class RankRows:
+    """Rows of one rank, step by step. Safe to use from a worker thread and the UI at once."""
+
+    def __init__(self, trace_a: RankTrace, trace_b: RankTrace) -> None:
+        table = KeyTable()
+        self._lines = (_Lines(trace_a, table), _Lines(trace_b, table))
+        self.index = (StepIndex(trace_a), StepIndex(trace_b))
+        self.steps: Sequence[int] = sorted(
+            {r.step for r in self.index[0].ranges} | {r.step for r in self.index[1].ranges}
+        )
+        # From the diff, once it has run: per-step counts, the first divergence's observed
+        # pair and the ops its verdict names as the cause.
+        self.summaries: dict[int, StepSummary] = {}
+        self.first: tuple[int, int] | None = None
+        self.causes: frozenset[tuple[Side, int]] = frozenset()
+        self._cache: OrderedDict[int, list[Row]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def last_index(self) -> int:
+        """The highest op index of either run (the list sizes its index columns by it)."""
+        return max((index.ranges[-1].stop - 1 for index in self.index if index.ranges), default=0)
+
+    def rows(self, step: int) -> Sequence[Row]:
+        with self._lock:
+            rows = self._cache.get(step)
+            if rows is None:
+                rows = self._cache[step] = self._build(step)
+                while len(self._cache) > STEP_CACHE:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(step)
+            return rows
+
+    def _build(self, step: int) -> list[Row]:
+        sides = []
+        for lines, index in zip(self._lines, self.index, strict=True):
+            span = index.get(step)
+            sides.append(lines.read(span.start, span.stop) if span else ([], []))
+        (light_a, line_a), (light_b, line_b) = sides
+        rows = []
+        for i, j in merge(len(light_a), len(light_b), align(light_a, light_b)):
+            if i is not None and j is not None:
+                equal = light_a[i].outputs == light_b[j].outputs
+                rows.append(Row(line_a[i], line_b[j], Status.EQUAL if equal else Status.DIFFERING))
+            elif i is not None:
+                rows.append(Row(line_a[i], None, Status.ONLY_A))
+            elif j is not None:
+                rows.append(Row(None, line_b[j], Status.ONLY_B))
+        return rows
+
+    def step_of(self, side: Side, index: int) -> int | None:
+        span = self.index[side.value].of(index)
+        return None if span is None else span.step
+
+    def may_differ(self, step: int) -> bool:
+        """False only for steps the diff found equal throughout: scans skip them unread."""
+        summary = self.summaries.get(step)
+        if summary is None:
+            return True
+        return bool(summary.differing or summary.only_a or summary.only_b)
+
+    def set_diff(self, diff: RankDiff) -> None:
+        self.summaries = {s.step: s for s in diff.steps}
+        first = diff.first
+        if first is None:
+            return
+        self.first = (first.observed_a.index, first.observed_b.index)
+        named = ((Side.A, first.a), (Side.B, first.b))
+        self.causes = frozenset((side, op.index) for side, op in named if op is not None)
+
+    def first_divergence(self) -> tuple[Side, int] | None:
+        return (Side.A, self.first[0]) if self.first is not None else None
+
+    def is_first(self, row: Row) -> bool:
+        return (
+            self.first is not None
+            and row.a is not None
+            and row.b is not None
+            and (row.a.index, row.b.index) == self.first
+        )
+
+    def is_cause(self, row: Row) -> bool:
+        """Whether the row holds an op the verdict names as the cause (the first differing
+        pair itself, or the inserted, removed or differing op it was traced back to)."""
+        return any(
+            op is not None and (side, op.index) in self.causes
+            for side, op in ((Side.A, row.a), (Side.B, row.b))
+        )

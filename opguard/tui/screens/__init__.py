@@ -1,0 +1,1 @@
+"""The debugger's screens: the main view and the key help."""

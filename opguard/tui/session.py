@@ -1,0 +1,107 @@
+"""The two runs the debugger compares: opened and checked before any UI starts, so a run that
+cannot be read is one line on stderr (exit status 2), never a half-drawn screen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..analysis import RankDiff
+from ..store import RankTrace, Run, TraceError
+from .rows import RankRows, Side
+
+# Below this share of aligned ops the runs are probably not two versions of one program.
+SAME_PROGRAM_ALIGNED = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class RunState:
+    """What the header says about one run."""
+
+    label: str
+    status: str  # from meta.json: running, finished, failed, stopped …
+    finished: bool  # the rank's trace has its end record
+
+    def describe(self) -> str:
+        if not self.finished:
+            return "unfinished: still recording, or killed"
+        return self.status
+
+
+class Session:
+    """Two opened runs, the ranks both recorded, and one row model per rank."""
+
+    def __init__(self, run_a: Run, run_b: Run, labels: tuple[str, str]) -> None:
+        self.runs = (run_a, run_b)
+        self.labels = labels
+        self.ranks = sorted(set(run_a.ranks) & set(run_b.ranks))
+        self._rows: dict[int, RankRows] = {}
+
+    @classmethod
+    def open(cls, path_a: str | Path, path_b: str | Path) -> Session:
+        """Opens both runs and the first rank they share; raises :class:`TraceError` with a
+        one-line reason when that is impossible."""
+        runs: list[Run] = []
+        try:
+            for path in (path_a, path_b):
+                runs.append(Run(path))
+            session = cls(runs[0], runs[1], (str(path_a), str(path_b)))
+            if not session.ranks:
+                raise TraceError(
+                    f"no rank recorded in both runs (A: {runs[0].ranks or 'none'}, "
+                    f"B: {runs[1].ranks or 'none'})"
+                )
+            session.rows(session.ranks[0])
+        except BaseException:
+            for run in runs:
+                run.close()
+            raise
+        return session
+
+    def trace(self, side: Side, rank: int) -> RankTrace:
+        return self.runs[side.value].rank(rank)
+
+    def rows(self, rank: int) -> RankRows:
+        """The row model of ``rank`` (opened on first use; :class:`TraceError` if unreadable)."""
+        rows = self._rows.get(rank)
+        if rows is None:
+            rows = self._rows[rank] = RankRows(self.trace(Side.A, rank), self.trace(Side.B, rank))
+        return rows
+
+    def state(self, side: Side, rank: int) -> RunState:
+        run = self.runs[side.value]
+        return RunState(self.labels[side.value], run.status, self.trace(side, rank).finished)
+
+    def notices(self, rank: int) -> list[str]:
+        """What a person should know before trusting the picture of ``rank``."""
+        notes = []
+        for side in Side:
+            run, trace = self.runs[side.value], self.trace(side, rank)
+            if not len(trace):
+                notes.append(f"run {side.name} recorded no ops on rank {rank}")
+            if trace.failure:
+                notes.append(
+                    f"run {side.name}: recording stopped at op {trace.failure['at_op']}: "
+                    f"{trace.failure['error']}"
+                )
+            only = sorted(set(run.ranks) - set(self.ranks))
+            if only:
+                notes.append(f"rank(s) {only} only in run {side.name}: not compared")
+        return notes
+
+    def close(self) -> None:
+        for run in self.runs:
+            run.close()
+
+
+def diff_notices(diff: RankDiff) -> list[str]:
+    """The diff's own notes, and a warning when so little aligned that the runs look like
+    different programs (then every "difference" is noise)."""
+    notes = list(diff.notes)
+    total = diff.aligned + max(diff.only_a, diff.only_b)
+    if total and diff.aligned / total < SAME_PROGRAM_ALIGNED:
+        notes.append(
+            f"only {diff.aligned / total:.0%} of ops aligned: these look like different "
+            "programs, so most differences shown are not meaningful"
+        )
+    return notes

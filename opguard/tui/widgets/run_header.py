@@ -1,0 +1,62 @@
+"""The header: the verdict, the two runs and how their recording ended, rank and step."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.widgets import Static
+
+from ...analysis import RankDiff
+from ..session import RunState
+
+
+class RunHeader(Static):
+    """Three lines: verdict, rank and step; the runs; the divergence summary or a notice."""
+
+    _shown: Text | None = None
+
+    def show(
+        self,
+        diff: RankDiff | None,
+        failed: str,
+        runs: Sequence[RunState],
+        rank: int,
+        ranks: Sequence[int],
+        step: int | None,
+        steps: Sequence[int],
+    ) -> None:
+        text = Text()
+        if failed:
+            text.append(" DIFF FAILED ", style="bold white on red")
+        elif diff is None:
+            text.append(" COMPARING… ", style="bold black on yellow")
+        elif diff.first is None:
+            text.append(" IDENTICAL ", style="bold black on green")
+        else:
+            text.append(" DIVERGED ", style="bold white on red")
+            first = diff.first
+            kind = first.kind if first.kind == first.cause else f"{first.kind} ({first.cause})"
+            text.append(f"  {kind}, first seen in step {first.step}")
+        where = f"  rank {rank} ({len(ranks)} compared)"
+        if step is not None:
+            where += f" · step {step} ({steps.index(step) + 1} of {len(steps)})"
+        text.append(where, style="bold")
+        text.append("\n")
+        for name, run in zip("AB", runs, strict=True):
+            style = "" if run.finished else "bold yellow"
+            text.append(f" {name} ", style="bold reverse")
+            text.append(f" {run.label} ")
+            text.append(f"({run.describe()})  ", style=style or "dim")
+        text.append("\n")
+        if failed:
+            text.append(f" {failed}", style="red")
+        elif diff is not None and diff.first is not None:
+            text.append(f" {diff.first.summary}")
+        elif diff is not None:
+            text.append(f" {diff.aligned} aligned ops, all equal", style="green")
+        else:
+            text.append(" aligning both runs in the background; the list is live", style="dim")
+        if text != self._shown:  # most keys leave it as it is: no redraw then
+            self._shown = text
+            self.update(text, layout=False)

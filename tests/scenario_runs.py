@@ -1,0 +1,103 @@
+"""Recordings of the scenario scripts (tests/scenarios/), shared by every test module and bench
+that needs them, so a pytest session records each script once.
+
+Each recording runs ``opguard record`` in a subprocess, as a user would, and keeps the script's
+stdout and stderr beside the run directory (``NAME.stdout``, ``NAME.stderr``): the benchmark of
+the evidence bundle compares its size against them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+BASE = SCENARIOS / "base.py"
+GPT2_BASE = SCENARIOS / "gpt2_base.py"
+
+VARIANTS = (  # variant_NAME.py: base.py with one change
+    "lr",
+    "init_seed",
+    "seed",
+    "no_zero_grad",
+    "eval",
+    "gelu_tanh",
+    "loss_scaled",
+    "logging",
+    "refactor",
+)
+# name -> (script, extra `opguard record` options). "rerun" is the baseline recorded again.
+RECORDINGS: dict[str, tuple[Path, tuple[str, ...]]] = {
+    "base": (BASE, ()),
+    "rerun": (BASE, ()),
+    "base_2_steps": (BASE, ("--steps", "2")),
+    **{name: (SCENARIOS / f"variant_{name}.py", ()) for name in VARIANTS},
+    "gpt2": (GPT2_BASE, ()),
+    "gpt2_eps": (SCENARIOS / "variant_gpt2_eps.py", ()),
+}
+# Every scenario pair: each variant against its baseline, and the baseline against itself.
+PAIRS: tuple[tuple[str, str], ...] = (
+    ("base", "rerun"),
+    *(("base", name) for name in VARIANTS),
+    ("gpt2", "gpt2_eps"),
+)
+ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "PYTHONUNBUFFERED": "1"}
+
+
+class Recordings:
+    """Run directories of the scenario scripts, each recorded once on first use; the runs a
+    caller asks for together are recorded in parallel."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._done: dict[str, Path] = {}
+        self._failed: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, *names: str) -> list[Path]:
+        with self._lock:
+            wanted = [
+                n for n in dict.fromkeys(names) if n not in self._done and n not in self._failed
+            ]
+            running = [(name, self._start(name)) for name in wanted]
+            for name, proc in running:
+                out, err = proc.communicate(timeout=300)
+                (self.root / f"{name}.stdout").write_text(out)
+                (self.root / f"{name}.stderr").write_text(err)
+                if proc.returncode == 0:
+                    self._done[name] = self.root / name
+                else:
+                    self._failed[name] = f"exit {proc.returncode}\n{out}\n{err}"
+        for name in names:
+            if name in self._failed:
+                pytest.fail(f"recording {name} failed: {self._failed[name]}")
+        return [self._done[n] for n in names]
+
+    def _start(self, name: str) -> subprocess.Popen[str]:
+        """``opguard record -o ROOT/NAME [OPTIONS] -- SCRIPT``, as a user runs it."""
+        script, options = RECORDINGS[name]
+        command = ["record", "-o", str(self.root / name), *options, "--", str(script)]
+        return subprocess.Popen(
+            [sys.executable, "-m", "opguard", *command],
+            cwd=self.root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **ENV},
+        )
+
+
+_SESSION: Recordings | None = None
+
+
+def session_recordings(factory: pytest.TempPathFactory) -> Recordings:
+    """The recordings of this pytest session: one set, whichever test module asks first."""
+    global _SESSION
+    if _SESSION is None:
+        _SESSION = Recordings(factory.mktemp("scenarios"))
+    return _SESSION

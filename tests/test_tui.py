@@ -1,0 +1,608 @@
+"""``opguard tui``: the debug cursor on its own, the row model on small written traces, and the
+app driven headless (``run_test``) on the demo runs, plus snapshots of its main layouts.
+
+The snapshots use a small pair of traces written here with TraceWriter (no torch), so they are
+the same on every machine; behaviour is checked on the real demo recording.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import pytest
+from conftest import run_cli
+from rich.console import Console
+
+from opguard.analysis import diff_runs
+from opguard.store import (
+    CallSite,
+    OpRecord,
+    Run,
+    TensorRecord,
+    TraceError,
+    TraceWriter,
+    schema,
+)
+from opguard.store.meta import write_meta
+from opguard.tui.app import OpguardApp
+from opguard.tui.cursor import DebugCursor, Position, Query, RowFilter, Target
+from opguard.tui.detail import Selection, render
+from opguard.tui.rows import OpLine, Row, Side, Status
+from opguard.tui.screens.help import HelpScreen
+from opguard.tui.series import loss_series
+from opguard.tui.session import Session
+from opguard.tui.steps import StepIndex
+from opguard.tui.widgets.agent_panel import AgentPanel
+from opguard.tui.widgets.detail_pane import SETTLE_SECONDS
+from opguard.tui.widgets.prompt import Prompt
+
+SIZE = (150, 44)
+
+# -- a fake row source for the cursor ---------------------------------------------------------
+
+
+def _line(
+    index: int,
+    name: str = "aten::add.Tensor",
+    depth: int = 1,
+    file: str = "/w/t.py",
+    line: int = 10,
+) -> OpLine:
+    return OpLine(index, name, CallSite(file, line, "f"), depth)
+
+
+def _row(a: int | None, b: int | None, status: Status = Status.EQUAL, **kw: Any) -> Row:
+    return Row(
+        _line(a, **kw) if a is not None else None, _line(b, **kw) if b is not None else None, status
+    )
+
+
+@dataclass
+class FakeSource:
+    by_step: dict[int, list[Row]]
+    equal_steps: set[int] = field(default_factory=set)  # what a diff said is equal throughout
+    first: tuple[Side, int] | None = None
+    reads: list[int] = field(default_factory=list)
+
+    @property
+    def steps(self) -> Sequence[int]:
+        return sorted(self.by_step)
+
+    def rows(self, step: int) -> Sequence[Row]:
+        self.reads.append(step)
+        return self.by_step[step]
+
+    def step_of(self, side: Side, index: int) -> int | None:
+        for step, rows in self.by_step.items():
+            if any(op is not None and op.index == index for op in (r.side(side) for r in rows)):
+                return step
+        return None
+
+    def may_differ(self, step: int) -> bool:
+        return step not in self.equal_steps
+
+    def first_divergence(self) -> tuple[Side, int] | None:
+        return self.first
+
+
+def _source() -> FakeSource:
+    """Step 0: three equal ops (depths 1, 2, 2); step 1: equal, differing, only-B, only-A;
+    step 2: equal throughout; step 3: one differing op in another file."""
+    return FakeSource(
+        {
+            0: [_row(0, 0), _row(1, 1, depth=2), _row(2, 2, depth=2, name="aten::mm.default")],
+            1: [
+                _row(3, 3),
+                _row(4, 4, Status.DIFFERING, name="aten::native_layer_norm.default", line=60),
+                _row(None, 5, Status.ONLY_B),
+                _row(5, None, Status.ONLY_A),
+            ],
+            2: [_row(6, 6), _row(7, 7)],
+            3: [_row(8, 8, Status.DIFFERING, file="/w/other.py", line=7)],
+        },
+        equal_steps={2},
+        first=(Side.A, 4),
+    )
+
+
+def test_cursor_walks_ops_across_steps() -> None:
+    cursor = DebugCursor(_source())
+    assert cursor.position == Position(0, 0)
+    for _ in range(3):
+        assert cursor.next_op()
+    assert cursor.position == Position(1, 0)
+    assert cursor.prev_op() and cursor.position == Position(0, 2)
+    assert not DebugCursor(_source()).prev_op()
+    cursor.move_to(Position(3, 0))
+    assert not cursor.next_op()
+    assert cursor.move_by(-5) and cursor.position == Position(3, 0)
+
+
+def test_cursor_finds_differences_and_skips_steps_known_equal() -> None:
+    source = _source()
+    cursor = DebugCursor(source)
+    statuses = []
+    while cursor.move_to(cursor.find_difference()):
+        statuses.append((cursor.position, cursor.row.status))
+    assert statuses == [
+        (Position(1, 1), Status.DIFFERING),
+        (Position(1, 2), Status.ONLY_B),
+        (Position(1, 3), Status.ONLY_A),
+        (Position(3, 0), Status.DIFFERING),
+    ]
+    assert 2 not in source.reads  # the diff said step 2 is equal: never aligned
+    assert cursor.move_to(cursor.find_difference(forward=False))
+    assert cursor.position == Position(1, 3)
+
+
+def test_cursor_jumps_and_goes_back() -> None:
+    cursor = DebugCursor(_source())
+    assert cursor.first_divergence() and cursor.position == Position(1, 1)
+    assert cursor.goto(Side.B, 5) and cursor.row.status is Status.ONLY_B
+    assert not cursor.goto(Side.A, 99)
+    assert cursor.back() and cursor.position == Position(1, 1)
+    assert cursor.back() and cursor.position == Position(0, 0)
+    assert not cursor.back()
+
+
+def test_cursor_steps_over_and_out_by_stack_depth() -> None:
+    cursor = DebugCursor(_source())
+    assert cursor.move_to(cursor.find_over())  # depth 1: the depth-2 ops are passed over
+    assert cursor.position == Position(1, 0)
+    cursor.move_to(Position(0, 1))
+    assert cursor.move_to(cursor.find_out()) and cursor.position == Position(1, 0)
+    assert cursor.find_out() is None  # nothing shallower than depth 1
+
+
+def test_cursor_search_by_name_and_file_line() -> None:
+    cursor = DebugCursor(_source())
+    assert cursor.jump_to(cursor.find_match(Query.parse("LAYER_NORM")))
+    assert cursor.position == Position(1, 1)
+    cursor.move_to(Position(0, 0))
+    assert cursor.jump_to(cursor.find_match(Query.parse("other.py:7")))
+    assert cursor.position == Position(3, 0)
+    assert cursor.find_match(Query.parse("t.py:60"), forward=False) == Position(1, 1)
+    assert cursor.find_match(Query.parse("no_such_op")) is None
+
+
+def test_cursor_filters() -> None:
+    cursor = DebugCursor(_source())
+    cursor.toggle_hide_equal()  # the cursor's row is hidden: it moves to one shown
+    assert cursor.visible(0) == [] and cursor.position == Position(0, 0)
+    assert cursor.next_op() and cursor.position == Position(1, 1)
+    assert list(cursor.visible()) == [1, 2, 3]
+    cursor.move_to(Position(1, 3))
+    assert cursor.next_op() and cursor.position == Position(3, 0)
+    cursor.toggle_hide_equal()
+    cursor.toggle_this_file()
+    assert cursor.filter.files == ("/w/other.py", "/w/other.py")
+    assert not cursor.prev_op()
+    assert cursor.goto(Side.A, 0)  # a jump to a hidden op drops the filter
+    assert cursor.filter == RowFilter()
+
+
+def test_cursor_steps_and_targets() -> None:
+    cursor = DebugCursor(_source())
+    assert cursor.next_step() and cursor.position == Position(1, 0)
+    assert cursor.next_step(forward=False) and cursor.position == Position(0, 0)
+    assert Target.parse("b12") == Target("B", 12)
+    assert Target.parse("#7") == Target("A", 7)
+    assert Target.parse("s 3") == Target("step", 3)
+    assert Target.parse("step") is None
+    assert Target("step", 3).apply(cursor) and cursor.position == Position(3, 0)
+    assert DebugCursor(FakeSource({})).position is None
+
+
+# -- small written traces --------------------------------------------------------------------
+
+SOURCE = """import torch
+
+
+class Net(torch.nn.Module):
+    def forward(self, x):
+        h = self.fc(x)
+        h = torch.nn.functional.gelu(h)
+        h = h * 1.0
+        return self.norm(h)
+
+
+def main():
+    for x in data:
+        loss = net(x).mean()
+        print(loss.item())
+        opt.step()
+""".splitlines()
+
+
+def _site(root: Path, line: int, function: str) -> list[Any]:
+    around = range(max(1, line - 3), min(len(SOURCE), line + 3) + 1)
+    return [str(root / "train.py"), line, function, [[n, SOURCE[n - 1]] for n in around]]
+
+
+def _tensor(slot: str, fingerprint: int, producer: int | None, values: tuple[float, ...]) -> dict:
+    entry: dict[str, Any] = {
+        "n": slot,
+        "d": "float32",
+        "s": [4, 8],
+        "t": [8, 1],
+        "v": "cpu",
+        "h": fingerprint,
+        "z": 128,
+        "b": struct.pack(f"<{len(values)}f", *values),
+        "m": [min(values), max(values), sum(values) / len(values), max(map(abs, values)), 0, 0],
+    }
+    if producer is not None:
+        entry["p"] = [producer, 0]
+    return entry
+
+
+def write_run(path: Path, *, candidate: bool, finished: bool = True) -> None:
+    """Three steps of a tiny model. The candidate passes another layer-norm eps (the first
+    divergence, in step 0), inserts an equal ``* 1.0`` and lacks step 1's clone. Each op reads
+    the previous op's output."""
+    path.mkdir(parents=True)
+    write_meta(path, {"schema": schema.SCHEMA_VERSION, "command": ["test"], "status": "finished"})
+    writer = TraceWriter(path / "rank-0", start_info={"rank": 0})
+    root = path.parent
+    keys = [
+        (14, "main"),
+        (15, "main"),
+        (16, "main"),
+        (6, "forward"),
+        (7, "forward"),
+        (8, "forward"),
+        (9, "forward"),
+    ]
+    sites = {key: writer.intern_site(key, lambda key=key: _site(root, *key)) for key in keys}
+    stacks = {
+        key: writer.intern_stack(frames, lambda frames=frames: list(frames))
+        for key in keys
+        for frames in [
+            (sites[14, "main"],) if key[1] == "main" else (sites[14, "main"], sites[key])
+        ]
+    }
+    index, fingerprint = 0, 0
+    for step in range(3):
+        ops: list[tuple[str, tuple[int, str], int, dict[str, Any]]] = [
+            ("aten::randn.default", (14, "main"), 0, {}),
+            ("aten::addmm.default", (6, "forward"), 0, {}),
+            ("aten::gelu.default", (7, "forward"), 0, {"approximate": "none"}),
+            *([("aten::mul.Tensor", (8, "forward"), 0, {"other": 1.0})] if candidate else []),
+            (
+                "aten::native_layer_norm.default",
+                (9, "forward"),
+                0,
+                {"eps": 1e-6 if candidate else 1e-5},
+            ),
+            *(
+                [("aten::clone.default", (14, "main"), 0, {})]
+                if step == 1 and not candidate
+                else []
+            ),
+            ("aten::mean.default", (14, "main"), 0, {}),
+            ("aten::_local_scalar_dense.default", (15, "main"), 0, {}),
+            ("aten::_foreach_add_.Scalar", (16, "main"), 2, {"alpha": 0.1}),
+        ]
+        shift = 0  # added to every fingerprint from the divergence on
+        for name, site, phase, args in ops:
+            if candidate and "layer_norm" in name:
+                shift = 7
+            record: dict[str, Any] = {
+                "i": index,
+                "o": writer.intern_name(name),
+                "s": step,
+                "p": phase,
+                "c": sites[site],
+                "k": stacks[site],
+            }
+            if args:
+                record["a"] = [[k, v] for k, v in args.items()]
+            if index:
+                record["x"] = [_tensor("self", fingerprint, index - 1, (0.5, -1.0, 2.0))]
+            if "local_scalar" in name:
+                record["v"] = 2.0 / (1 + step) + shift * 1e-7
+            else:
+                if name not in ("aten::mul.Tensor", "aten::clone.default"):  # copies: same data
+                    fingerprint = zlib.crc32(f"{step}:{name}".encode()) + shift
+                record["y"] = [_tensor("0", fingerprint, None, (0.25, 1.5 + shift * 1e-7, -3.0))]
+            writer.append(index, record)
+            index += 1
+    writer.close({"status": "finished"})
+    if not finished:  # as if the recorder were still writing: no end record yet
+        env = lmdb.open(str(path / "rank-0"), max_dbs=len(schema.DB_NAMES))
+        with env.begin(write=True) as txn:
+            txn.delete(b"end", db=env.open_db(b"info", txn=txn))
+        env.close()
+        write_meta(
+            path, {"schema": schema.SCHEMA_VERSION, "command": ["test"], "status": "running"}
+        )
+
+
+@pytest.fixture
+def written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """The written pair, opened by paths relative to the working directory (so screens show
+    the same text on every machine)."""
+    write_run(tmp_path / "runs" / "baseline", candidate=False)
+    write_run(tmp_path / "runs" / "candidate", candidate=True)
+    monkeypatch.chdir(tmp_path)
+    return "runs/baseline", "runs/candidate"
+
+
+def test_step_index_matches_a_full_read(tmp_path: Path) -> None:
+    path = tmp_path / "run"
+    path.mkdir()
+    writer = TraceWriter(path / "rank-0", start_info={"rank": 0})
+    name = writer.intern_name("aten::add.Tensor")
+    lengths = {0: 5, 1: 5, 2: 1, 4: 9, 5: 5, 9: 2}  # irregular, with steps that have no ops
+    index = 0
+    for step, count in lengths.items():
+        for _ in range(count):
+            writer.append(index, {"i": index, "o": name, "s": step})
+            index += 1
+    writer.close({})
+    write_meta(path, {"schema": schema.SCHEMA_VERSION})
+    with Run(path) as run:
+        steps = StepIndex(run.rank(0))
+    assert [(r.step, r.stop - r.start) for r in steps.ranges] == list(lengths.items())
+    assert steps.of(10).step == 2 and steps.of(11).step == 4 and steps.of(index) is None
+
+
+def test_rows_and_loss_of_written_runs(written: tuple[str, str]) -> None:
+    session = Session.open(*written)
+    rows = session.rows(0)
+    assert rows.steps == [0, 1, 2]
+    statuses = [r.status for r in rows.rows(0)]
+    assert statuses.count(Status.ONLY_B) == 1 and Status.DIFFERING in statuses
+    assert any(
+        r.status is Status.ONLY_A and r.a.name == "aten::clone.default" for r in rows.rows(1)
+    )
+    series = loss_series(session.trace(Side.B, 0))
+    assert sorted(series) == [0, 1, 2] and series[1] == pytest.approx(1.0 + 7e-7)
+    session.close()
+
+
+def test_detail_shows_kernels_defaults_and_differing_values() -> None:
+    site = CallSite("/w/train.py", 3, "main", ((3, "y = torch.mm(a, b)"),))
+    kernel = {
+        "k": "kernel",
+        "n": "ampere_sgemm_128x64_nn",
+        "g": [4, 1, 1],
+        "b": [256, 1, 1],
+        "s": 7,
+        "t0": 1000,
+        "t1": 4500,
+    }
+    outputs = [  # B's output is longer and its second value differs
+        (TensorRecord.decode(_tensor("0", 1, None, (0.5, 1.0, 2.0))),),
+        (TensorRecord.decode(_tensor("0", 2, None, (0.5, 1.25, 2.0, 4.0))),),
+    ]
+    ops = [
+        OpRecord(
+            i,
+            "aten::mm.default",
+            0,
+            "forward",
+            site,
+            -1,
+            None,
+            args,
+            (),
+            out,
+            None,
+            kernels=(kernel,) * i,
+        )
+        for i, args, out in ((1, (), outputs[0]), (2, (("out_dtype", "float32"),), outputs[1]))
+    ]
+    row = Row(_line(1), _line(2), Status.DIFFERING)
+    text = _text(render(Selection(row, "", ops[0], ops[1], ([site], [site]), ())))
+    assert "ampere_sgemm_128x64_nn" in text and "3.5" in text  # the kernel and its µs
+    assert "default" in text and "'float32'" in text
+    assert "≠ 0" in text and "0.5 1.25 2 4" in text and "0x3fa00000" in text
+    assert "❱ 3" in text
+
+
+def _text(renderable: Any) -> str:
+    console = Console(width=120, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_only_the_tui_command_loads_textual() -> None:
+    """The CLI registers ``tui`` without importing Textual; readers and the diff never do."""
+    code = (
+        "import sys, opguard.cli, opguard.store, opguard.analysis, opguard.tui.session\n"
+        "opguard.cli.build_parser()\n"
+        "print(sorted(m for m in sys.modules if m.partition('.')[0] == 'textual'))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+
+def test_unopenable_runs_are_one_line_and_exit_2(written: tuple[str, str], tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    (broken / "rank-0").mkdir(parents=True)
+    write_meta(broken, {"schema": schema.SCHEMA_VERSION})
+    other_rank = tmp_path / "other-rank"
+    (other_rank / "rank-3").mkdir(parents=True)
+    write_meta(other_rank, {"schema": schema.SCHEMA_VERSION})
+    for args, says in [
+        ((str(tmp_path / "missing"), written[1]), "no such run directory"),
+        ((written[0], str(broken)), "not a readable OpGuard trace"),
+        ((written[0], str(other_rank)), "no rank recorded in both runs"),
+    ]:
+        result = run_cli("tui", *args, cwd=tmp_path)
+        assert result.returncode == 2
+        assert result.stderr.count("\n") == 1 and says in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    with pytest.raises(TraceError):
+        Session.open(written[0], tmp_path / "missing")
+
+
+async def test_runs_of_different_programs_get_a_notice(
+    written: tuple[str, str], demo_runs: tuple[Path, Path]
+) -> None:
+    app = OpguardApp(Session.open(written[0], demo_runs[1]))
+    notes: list[str] = []
+    async with app.run_test(size=SIZE) as pilot:
+        app.notify = lambda message, **kw: notes.append(message)  # type: ignore[method-assign]
+        await _settle(pilot)
+        assert any("look like different programs" in note for note in notes), notes
+
+
+async def test_an_unfinished_run_is_shown_in_the_header(tmp_path: Path) -> None:
+    write_run(tmp_path / "a", candidate=False)
+    write_run(tmp_path / "b", candidate=False, finished=False)
+    app = OpguardApp(Session.open(tmp_path / "a", tmp_path / "b"))
+    async with app.run_test(size=SIZE) as pilot:
+        await _settle(pilot)
+        header = str(app.query_one("#run-header").render())
+        assert "IDENTICAL" in header and "unfinished" in header
+
+
+# -- the app on the demo runs ------------------------------------------------------------------
+
+
+async def _settle(pilot: Any) -> None:
+    """Waits for background work, and for the detail pane (drawn once keys pause)."""
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause(SETTLE_SECONDS * 2)
+
+
+async def _press(pilot: Any, *keys: str) -> None:
+    await pilot.press(*keys)
+    await _settle(pilot)
+
+
+async def _ask(pilot: Any, key: str, answer: str) -> None:
+    """Opens the prompt with ``key``, types the answer's first letters and fills in the rest."""
+    await pilot.press(key, *answer[:2])
+    pilot.app.query_one(Prompt).value = answer
+    await _press(pilot, "enter")
+
+
+@pytest.fixture(scope="module")
+def demo_diff(demo_runs: tuple[Path, Path]) -> Any:
+    with Run(demo_runs[0]) as a, Run(demo_runs[1]) as b:
+        return diff_runs(a, b).first
+
+
+async def test_opens_on_the_first_divergence_and_steps(
+    demo_runs: tuple[Path, Path], demo_diff: Any
+) -> None:
+    app = OpguardApp(Session.open(*demo_runs))
+    async with app.run_test(size=SIZE) as pilot:
+        await _settle(pilot)
+        first = demo_diff.observed_a.index
+        assert app.cursor.row.a.index == first
+        assert app.main.selection.mark == "first divergence"
+        header = str(app.query_one("#run-header").render())
+        assert "DIVERGED" in header and "eps" in header
+        await _press(pilot, "j")
+        assert app.cursor.row.a.index == first + 1
+        await _press(pilot, "k")
+        assert app.cursor.row.a.index == first
+        await _press(pilot, "n")
+        assert app.cursor.row.status is not Status.EQUAL and app.cursor.row.a.index > first
+        await _press(pilot, "p")
+        assert app.cursor.row.a.index == first
+        await _press(pilot, "right_square_bracket")
+        assert app.cursor.position.step == 1
+        await _press(pilot, "d")
+        assert app.cursor.row.a.index == first
+
+
+async def test_follows_a_producer_and_comes_back(
+    demo_runs: tuple[Path, Path], demo_diff: Any
+) -> None:
+    app = OpguardApp(Session.open(*demo_runs))
+    async with app.run_test(size=SIZE) as pilot:
+        await _settle(pilot)
+        first = app.cursor.row
+        producer = app.main.selection.follow(1)
+        await _press(pilot, "1")
+        assert app.cursor.row.a.index == producer.index
+        await _press(pilot, "b")
+        assert app.cursor.row == first
+        await _press(pilot, "f")
+        assert app.cursor.row.a.index == app.main.selection.row.a.index < first.a.index
+        await _press(pilot, "backspace")
+        assert app.cursor.row == first
+
+
+async def test_search_goto_filters_rank_and_panels(demo_runs: tuple[Path, Path]) -> None:
+    app = OpguardApp(Session.open(*demo_runs))
+    notes: list[str] = []
+    async with app.run_test(size=SIZE) as pilot:
+        await _settle(pilot)
+        app.notify = lambda message, **kw: notes.append(message)  # type: ignore[method-assign]
+        await _ask(pilot, "slash", "nll_loss_forward")
+        assert "nll_loss_forward" in app.cursor.row.a.name
+        found = app.cursor.position
+        await _press(pilot, "full_stop")
+        assert app.cursor.position.step > found.step and "nll_loss" in app.cursor.row.a.name
+        await _ask(pilot, "slash", "train_refactored.py:93")
+        assert app.cursor.row.b.site.line == 93
+        await _ask(pilot, "g", "b100")
+        assert app.cursor.row.b.index == 100
+        await _press(pilot, "g", "s", "2", "enter")
+        assert app.cursor.position == Position(2, 0)
+        await _press(pilot, "r")
+        assert "no other rank" in notes[-1]
+        await _press(pilot, "e")
+        shown = [app.cursor.source.rows(2)[i] for i in app.cursor.visible()]
+        assert shown and all(row.status is not Status.EQUAL for row in shown)
+        await _press(pilot, "e", "t")
+        files = app.cursor.filter.files
+        assert files is not None and any(f and f.endswith(".py") for f in files)
+        assert all(
+            app.cursor.filter.accepts(app.cursor.source.rows(2)[i]) for i in app.cursor.visible()
+        )
+        await _press(pilot, "t", "o")
+        assert app.cursor.row is not None
+        await _press(pilot, "a")
+        assert app.query_one(AgentPanel).has_class("-open")
+        selection, row = app.query_one(AgentPanel).selection, app.cursor.row
+        assert (selection.op_a, selection.op_b) == (row.a and row.a.index, row.b and row.b.index)
+        await _press(pilot, "question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await _press(pilot, "escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+# -- snapshots ---------------------------------------------------------------------------------
+
+
+def _app(written: tuple[str, str]) -> OpguardApp:
+    return OpguardApp(Session.open(*written))
+
+
+def test_snapshot_first_divergence(written: tuple[str, str], snap_compare: Any) -> None:
+    assert snap_compare(_app(written), terminal_size=SIZE, run_before=_settle)
+
+
+def test_snapshot_filtered_with_agent_panel(written: tuple[str, str], snap_compare: Any) -> None:
+    async def run_before(pilot: Any) -> None:
+        await _settle(pilot)
+        await _press(pilot, "e", "n", "a")
+
+    assert snap_compare(_app(written), terminal_size=SIZE, run_before=run_before)
+
+
+def test_snapshot_help(written: tuple[str, str], snap_compare: Any) -> None:
+    async def run_before(pilot: Any) -> None:
+        await _settle(pilot)
+        await _press(pilot, "question_mark")
+
+    assert snap_compare(_app(written), terminal_size=SIZE, run_before=run_before)
