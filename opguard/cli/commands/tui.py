@@ -26,9 +26,10 @@ def run(args: argparse.Namespace) -> int:
 
     session = Session.open(args.run_a, args.run_b)
     try:
+        from ...agent.panel import AgentChat
         from ...tui.app import OpguardApp
 
-        OpguardApp(session).run()
+        OpguardApp(session, agent=lambda: AgentChat.for_runs(*session.runs)).run()
     finally:
         session.close()
     return 0
