@@ -44,8 +44,11 @@ def run_recorded(
     )
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [target.path, *target.args]
-    if not target.is_module:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(target.path)))
+    # What `python script.py` and `python -m module` put first on sys.path: the script's
+    # directory, or the current directory (the `opguard` entry point starts with its bin/).
+    sys.path.insert(
+        0, os.getcwd() if target.is_module else os.path.dirname(os.path.abspath(target.path))
+    )
     session.start()
     status, code, error = "finished", 0, None
     try:

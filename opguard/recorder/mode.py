@@ -207,7 +207,6 @@ class OpRecorder(TorchDispatchMode):
     def _after(self, pending: tuple, out: Any) -> None:
         info, inputs, written, arguments, rng = pending
         index = self.next_index
-        self.next_index += 1
         written_ids = {id(t) for _, t in written}
         outputs: list[Fields] = []
         seen: set[int] = set()
@@ -236,6 +235,8 @@ class OpRecorder(TorchDispatchMode):
             self._writer.append(index, _finisher(record, self._pending))
         else:
             self._writer.append(index, record)
+        # Counted once queued: a failure above reports this op as the first one not recorded.
+        self.next_index = index + 1
 
     def _output(
         self,
@@ -269,7 +270,10 @@ class OpRecorder(TorchDispatchMode):
         else:
             fields = fingerprint_fields(tensor)
         if fields is not None:
+            flags = entry.get("f", 0)
             self._attach(entry, fields)
+            if flags:  # keep FLAG_VIEW when the fields carry a flag of their own
+                entry["f"] = entry.get("f", 0) | flags
         if was_written:
             entry["f"] = entry.get("f", 0) | schema.FLAG_WRITTEN
         output_slot = len(outputs)

@@ -11,13 +11,20 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import torch  # noqa: E402
-from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
 
 
 def build() -> GPT2LMHeadModel:
-    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=16,
-                        bos_token_id=0, eos_token_id=0)
+    config = GPT2Config(
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        vocab_size=64,
+        n_positions=16,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return GPT2LMHeadModel(config)
 
 

@@ -44,8 +44,15 @@ class Block(nn.Module):
 
 
 class TinyTransformer(nn.Module):
-    def __init__(self, vocab: int = 32, dim: int = 16, heads: int = 2, layers: int = 1,
-                 seq: int = 8, dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        vocab: int = 32,
+        dim: int = 16,
+        heads: int = 2,
+        layers: int = 1,
+        seq: int = 8,
+        dropout: float = 0.0,
+    ) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Embedding(seq, dim)
@@ -65,8 +72,15 @@ def make_batch(vocab: int, batch: int, seq: int) -> tuple[torch.Tensor, torch.Te
     return data[:, :-1], data[:, 1:]
 
 
-def train(steps: int = 3, dropout: float = 0.0, vocab: int = 32, batch: int = 2, seq: int = 8,
-          seed: int = 0, report=print) -> list[float]:
+def train(
+    steps: int = 3,
+    dropout: float = 0.0,
+    vocab: int = 32,
+    batch: int = 2,
+    seq: int = 8,
+    seed: int = 0,
+    report=print,
+) -> list[float]:
     torch.manual_seed(seed)
     model = TinyTransformer(vocab=vocab, seq=seq, dropout=dropout)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -75,10 +89,10 @@ def train(steps: int = 3, dropout: float = 0.0, vocab: int = 32, batch: int = 2,
         idx, target = make_batch(vocab, batch, seq)
         logits = model(idx)  # SITE:model
         loss = F.cross_entropy(logits.reshape(-1, vocab), target.reshape(-1))  # SITE:loss
-        opt.zero_grad()
-        loss.backward()  # SITE:backward
         losses.append(loss.item())
         report(f"loss {losses[-1].hex()}")
+        opt.zero_grad()
+        loss.backward()  # SITE:backward
         opt.step()  # SITE:opt
     return losses
 

@@ -56,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
         if not os.path.isfile(script):
             raise CommandError(f"{script}: no such script")
         target = Target(script, target_args[1:])
-    command = ["opguard", "record", "-o", args.output, "--", *target.describe()]
+    # As typed, so that it replays: `-m MODULE ARGS…` or `-- SCRIPT ARGS…`.
+    where = target.describe() if target.is_module else ["--", *target.describe()]
+    command = ["opguard", "record", "-o", args.output, *where]
     return run_recorded(
         target, Path(args.output), steps=args.steps, overwrite=args.overwrite, command=command
     )
