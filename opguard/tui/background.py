@@ -12,6 +12,7 @@ from __future__ import annotations
 import pickle
 import signal
 import subprocess
+import tempfile
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,7 +45,17 @@ class Comparison:
 
     def __init__(self, path_a: Path, path_b: Path, rank: int) -> None:
         self._process = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(path_a), str(path_b), str(rank)],
+            [
+                sys.executable,
+                "-m",
+                __name__,
+                str(path_a.resolve()),
+                str(path_b.resolve()),
+                str(rank),
+            ],
+            # `python -m` puts the working directory first on sys.path: a source checkout there
+            # must not shadow the installed package.
+            cwd=tempfile.gettempdir(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

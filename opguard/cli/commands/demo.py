@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    root = Path(args.dir)
+    root = Path(args.dir).resolve()
+    root.mkdir(parents=True, exist_ok=True)
     runs = []
     for name, script in SCRIPTS:
         run_dir = root / name
@@ -50,12 +51,15 @@ def run(args: argparse.Namespace) -> int:
                 "--",
                 str(DEMO_DIR / script),
             ],
+            # `python -m` puts the working directory first on sys.path: a source checkout
+            # there would shadow the installed package.
+            cwd=root,
         ).returncode
         if code != 0:
             raise CommandError(f"recording {script} failed (exit status {code})")
         runs.append(str(run_dir))
     print(f"\n$ opguard diff {runs[0]} {runs[1]}", flush=True)
-    code = subprocess.run([sys.executable, "-m", "opguard", "diff", *runs]).returncode
+    code = subprocess.run([sys.executable, "-m", "opguard", "diff", *runs], cwd=root).returncode
     print(
         f"\nNext: opguard show {runs[1]} --ops 170:180   ·   opguard diff {runs[0]} {runs[1]} --json"
     )
