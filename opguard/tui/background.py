@@ -12,8 +12,8 @@ from __future__ import annotations
 import pickle
 import signal
 import subprocess
-import tempfile
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
