@@ -236,10 +236,16 @@ class Msg {
         return advance(9);
       case 0xcc:
       case 0xd0:
-        return advance(2);  // clang-format off
-      case 0xcd: case 0xd1: return advance(3);
-      case 0xce: case 0xd2: return advance(5);
-      case 0xcf: case 0xd3: return advance(9);  // clang-format on
+        return advance(2);
+      case 0xcd:
+      case 0xd1:
+        return advance(3);
+      case 0xce:
+      case 0xd2:
+        return advance(5);
+      case 0xcf:
+      case 0xd3:
+        return advance(9);
       default:
         return false;  // 0xc1 (never used) and extension types
     }
@@ -500,11 +506,23 @@ bool read_record(const uint8_t* data, size_t size, Entry& e, std::string& sig, R
       case 'i':
         ok = !seen_i && m.int64(r.index);
         seen_i = true;
-        break;  // clang-format off
-      case 'o': ok = !seen_o && m.int64(op); seen_o = true; break;
-      case 's': ok = !seen_s && m.int64(r.step); seen_s = true; break;
-      case 'p': ok = !seen_p && m.int64(phase); seen_p = true; break;
-      case 'c': ok = !seen_c && m.int64(site); seen_c = true; break;  // clang-format on
+        break;
+      case 'o':
+        ok = !seen_o && m.int64(op);
+        seen_o = true;
+        break;
+      case 's':
+        ok = !seen_s && m.int64(r.step);
+        seen_s = true;
+        break;
+      case 'p':
+        ok = !seen_p && m.int64(phase);
+        seen_p = true;
+        break;
+      case 'c':
+        ok = !seen_c && m.int64(site);
+        seen_c = true;
+        break;
       case 'x':
         ok = !seen_x && read_inputs(m, e, sig);
         seen_x = true;

@@ -1,5 +1,7 @@
 """Type stubs of the native extension (csrc/bindings.cpp)."""
 
+from typing import Any
+
 FINGERPRINT_VERSION: int
 
 def fingerprint(
@@ -57,3 +59,22 @@ def cupti_drain(
 ]: ...
 def cupti_stop() -> None: ...
 def cupti_counters() -> dict[str, int]: ...
+
+class OpScanner:
+    """Reads what alignment needs from stored op records (csrc/opscan.cpp); one per trace."""
+
+    keys: int
+    def __init__(self) -> None: ...
+    def scan(
+        self, chunk: list[bytes]
+    ) -> tuple[
+        list[Any],  # index (None at fallbacks)
+        list[Any],  # step (None at fallbacks)
+        list[Any],  # packed output contents (None at fallbacks)
+        list[int],  # fallback positions (decode in Python)
+        list[tuple[int, bytes]],  # (position, raw "v")
+        list[tuple[int, int]],  # (position, key id) of key ids first met
+        list[int],  # positions where the step changes (valid without fallbacks)
+    ]: ...
+    def define(self, id: int, k0: int, k1: int, k2: int) -> None: ...
+    def levels(self) -> tuple[list[int], list[int], list[int]]: ...

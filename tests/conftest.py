@@ -14,12 +14,16 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Runs ``opguard ARGS`` as a user would (``python -m opguard``), capturing output."""
     return subprocess.run(
         [sys.executable, "-m", "opguard", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, **(env or {})},
     )
 
@@ -40,11 +44,13 @@ def write_script(tmp_path: Path) -> Callable[[str, str], Path]:
 def record(tmp_path: Path) -> Callable[..., Path]:
     """Records a script with ``opguard record`` and returns the run directory."""
 
-    def record_script(script: Path, *script_args: str, name: str | None = None,
-                      extra: tuple[str, ...] = ()) -> Path:
+    def record_script(
+        script: Path, *script_args: str, name: str | None = None, extra: tuple[str, ...] = ()
+    ) -> Path:
         run_dir = tmp_path / (name or script.stem + "-run")
-        result = run_cli("record", "-o", str(run_dir), *extra, "--", str(script), *script_args,
-                         cwd=tmp_path)
+        result = run_cli(
+            "record", "-o", str(run_dir), *extra, "--", str(script), *script_args, cwd=tmp_path
+        )
         assert result.returncode == 0, result.stderr
         return run_dir
 

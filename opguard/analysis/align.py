@@ -19,12 +19,13 @@ from collections.abc import Sequence
 
 from ..store import CallSite, RankTrace
 from .keys import LEVELS, KeyTable, LightOp, LightReader
-from .myers import TooManyEdits, matching_blocks
+from .myers import Run, TooManyEdits, matching_runs, runs_of
 
 MAX_EDITS = 2000  # per gap and level; beyond this a windowed greedy matching takes over
 GREEDY_WINDOW = 64
 
 Pair = tuple[int | None, int | None]  # (position in A, position in B); None: unaligned
+Levels = Sequence[Sequence[int]]  # alignment keys of a sequence of ops, one sequence per level
 
 
 def normalized_source(line: str) -> str:
@@ -65,31 +66,43 @@ class AlignReader(LightReader):
 
 def align(a: Sequence[LightOp], b: Sequence[LightOp]) -> list[tuple[int, int]]:
     """Matched (position in a, position in b) pairs, increasing in both."""
+    levels_a = [[op.keys[level] for op in a] for level in range(LEVELS)]
+    levels_b = [[op.keys[level] for op in b] for level in range(LEVELS)]
+    return pairs_of(align_keys(levels_a, levels_b))
+
+
+def align_keys(a: Levels, b: Levels) -> list[Run]:
+    """:func:`align` on keys given per level (as :class:`~opguard.analysis.keys.OpColumns`
+    holds them), as runs of consecutive matched pairs: (i, j, n) matches a[i + k] with
+    b[j + k] for k < n."""
     return _align(a, b, 0)
 
 
-def _align(a: Sequence[LightOp], b: Sequence[LightOp], level: int) -> list[tuple[int, int]]:
-    if not a or not b:
+def pairs_of(runs: Sequence[Run]) -> list[tuple[int, int]]:
+    return [(i + k, j + k) for i, j, n in runs for k in range(n)]
+
+
+def _align(a: Levels, b: Levels, level: int) -> list[Run]:
+    ka, kb = a[level], b[level]
+    if not ka or not kb:
         return []
-    ka = [op.keys[level] for op in a]
-    kb = [op.keys[level] for op in b]
     try:
-        matched = matching_blocks(ka, kb, MAX_EDITS)
+        matched = matching_runs(ka, kb, MAX_EDITS)
     except TooManyEdits:
-        matched = _greedy(ka, kb)
+        matched = runs_of(_greedy(ka, kb))
     if level + 1 >= LEVELS:
         return matched
-    pairs: list[tuple[int, int]] = []
+    runs: list[Run] = []
     prev_i, prev_j = 0, 0
-    for i, j in [*matched, (len(a), len(b))]:
+    for i, j, n in [*matched, (len(ka), len(kb), 0)]:
         if i > prev_i and j > prev_j:  # a gap on both sides: try looser keys inside it
-            pairs.extend(
-                (prev_i + x, prev_j + y) for x, y in _align(a[prev_i:i], b[prev_j:j], level + 1)
-            )
-        if i < len(a):
-            pairs.append((i, j))
-        prev_i, prev_j = i + 1, j + 1
-    return pairs
+            gap_a = [keys[prev_i:i] for keys in a]
+            gap_b = [keys[prev_j:j] for keys in b]
+            runs.extend((prev_i + x, prev_j + y, m) for x, y, m in _align(gap_a, gap_b, level + 1))
+        if n:
+            runs.append((i, j, n))
+        prev_i, prev_j = i + n, j + n
+    return runs
 
 
 def _greedy(ka: Sequence[int], kb: Sequence[int]) -> list[tuple[int, int]]:

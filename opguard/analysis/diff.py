@@ -2,8 +2,10 @@
 stop judging at the first aligned pair whose outputs differ (counting continues, so the
 alignment summary and the per-step picture cover the whole run).
 
-Memory holds one step of light ops per side, plus a small cache of re-aligned steps for the
-producer chain; it does not grow with the length of the trace.
+Memory holds one step of light ops per side (as columns, :class:`~.keys.OpColumns`), plus a
+small cache of re-aligned steps for the producer chain; it does not grow with the length of the
+trace. The walk compares runs of aligned ops as slices, so an op costs little more than reading
+its record (see :mod:`opguard.analysis.keys`).
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..store import RankTrace, Run, TraceError
-from .align import AlignReader, align, merge
+from .align import AlignReader, align_keys
 from .divergence import Divergence, Explainer
-from .keys import KeyTable, LightOp, LightReader
+from .keys import KeyTable, LightReader, OpColumns
+from .myers import Run as MatchRun
 
 UNALIGNED_EXAMPLES = 5
 STEP_CACHE = 4
@@ -47,23 +50,44 @@ class RankDiff:
     notes: list[str] = field(default_factory=list)
 
 
-def _steps(reader: LightReader, only: int | None) -> Iterator[tuple[int, list[LightOp]]]:
-    """Groups a trace's ops by step, in order."""
-    current: list[LightOp] = []
-    step = None
-    for raw in reader.trace.raw_ops():
-        op = reader.light(raw)
-        if only is not None and op.step != only:
-            if op.step > only:
+def _steps(reader: LightReader, only: int | None) -> Iterator[tuple[int, OpColumns]]:
+    """Groups a trace's ops by step, in order (only step ``only`` when given)."""
+    if only is None:
+        for columns in reader.columns():
+            yield columns.step, columns
+        return
+    pending: OpColumns | None = None
+    for columns in reader.columns(until=only):
+        if columns.step != only:
+            if columns.step > only:
                 break
+            continue  # skipped ops do not end a group: the next run of step ``only`` joins it
+        if pending is not None and pending.step == columns.step:
+            pending.extend(columns)
             continue
-        if op.step != step and current:
-            yield step, current  # type: ignore[misc]
-            current = []
-        step = op.step
-        current.append(op)
-    if current:
-        yield step, current  # type: ignore[misc]
+        if pending is not None:
+            yield pending.step, pending
+        pending = columns
+    if pending is not None:
+        yield pending.step, pending
+
+
+class _StepPairs:
+    """The aligned pairs of one step by op index, mapped on first use."""
+
+    __slots__ = ("_index_a", "_index_b", "_maps", "_runs")
+
+    def __init__(self, index_a: list[int], index_b: list[int], runs: list[MatchRun]) -> None:
+        self._index_a, self._index_b, self._runs = index_a, index_b, runs
+        self._maps: tuple[dict[int, int], dict[int, int]] | None = None
+
+    def maps(self) -> tuple[dict[int, int], dict[int, int]]:
+        if self._maps is None:
+            a_to_b: dict[int, int] = {}
+            for i, j, n in self._runs:
+                a_to_b.update(zip(self._index_a[i : i + n], self._index_b[j : j + n], strict=True))
+            self._maps = (a_to_b, {b: a for a, b in a_to_b.items()})
+        return self._maps
 
 
 class _StepAlignments:
@@ -73,25 +97,21 @@ class _StepAlignments:
     def __init__(self, reader_a: LightReader, reader_b: LightReader) -> None:
         self._readers = (reader_a, reader_b)
         self._ranges: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}
-        self._cache: OrderedDict[int, tuple[dict[int, int], dict[int, int]]] = OrderedDict()
+        self._cache: OrderedDict[int, _StepPairs] = OrderedDict()
 
-    def add(
-        self, step: int, ops_a: list[LightOp], ops_b: list[LightOp], pairs: list[tuple[int, int]]
-    ) -> None:
+    def add(self, step: int, ops_a: OpColumns, ops_b: OpColumns, runs: list[MatchRun]) -> None:
         self._ranges[step] = (
-            (ops_a[0].index, ops_a[-1].index + 1),
-            (ops_b[0].index, ops_b[-1].index + 1),
+            (ops_a.index[0], ops_a.index[-1] + 1),
+            (ops_b.index[0], ops_b.index[-1] + 1),
         )
-        self._remember(step, [(ops_a[i].index, ops_b[j].index) for i, j in pairs])
+        self._remember(step, _StepPairs(ops_a.index, ops_b.index, runs))
 
-    def _remember(
-        self, step: int, pairs: list[tuple[int, int]]
-    ) -> tuple[dict[int, int], dict[int, int]]:
+    def _remember(self, step: int, pairs: _StepPairs) -> _StepPairs:
         self._cache.pop(step, None)
-        maps = self._cache[step] = (dict(pairs), {b: a for a, b in pairs})
+        self._cache[step] = pairs
         while len(self._cache) > STEP_CACHE:
             self._cache.popitem(last=False)
-        return maps
+        return pairs
 
     def _step_of(self, index: int, side: int) -> int | None:
         for step, ranges in self._ranges.items():
@@ -113,15 +133,15 @@ class _StepAlignments:
         return None if step is None else self._mappings(step)[1].get(b_index)
 
     def _mappings(self, step: int) -> tuple[dict[int, int], dict[int, int]]:
-        maps = self._cache.get(step)
-        if maps is None:
+        pairs = self._cache.get(step)
+        if pairs is None:
             (alo, ahi), (blo, bhi) = self._ranges[step]
             ra, rb = self._readers
-            ops_a = [ra.light(r) for r in ra.trace.raw_ops(alo, ahi)]
-            ops_b = [rb.light(r) for r in rb.trace.raw_ops(blo, bhi)]
-            pairs = [(ops_a[i].index, ops_b[j].index) for i, j in align(ops_a, ops_b)]
-            maps = self._remember(step, pairs)
-        return maps
+            ops_a, ops_b = ra.read(alo, ahi), rb.read(blo, bhi)
+            pairs = self._remember(
+                step, _StepPairs(ops_a.index, ops_b.index, align_keys(ops_a.keys, ops_b.keys))
+            )
+        return pairs.maps()
 
 
 def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None) -> RankDiff:
@@ -189,8 +209,8 @@ def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None
 def _compare_step(
     result: RankDiff,
     step: int,
-    ops_a: list[LightOp],
-    ops_b: list[LightOp],
+    ops_a: OpColumns,
+    ops_b: OpColumns,
     alignments: _StepAlignments,
     explainer: Explainer,
     *,
@@ -198,39 +218,53 @@ def _compare_step(
     cut_b: bool,
 ) -> None:
     """Aligns one step and counts it; ``cut_a``/``cut_b``: the other run ended inside this
-    step, so this side's ops after the last aligned pair were never reached there."""
-    pairs = align(ops_a, ops_b)
-    alignments.add(step, ops_a, ops_b, pairs)
-    merged = merge(len(ops_a), len(ops_b), pairs)
-    end_a = pairs[-1][0] if pairs else -1
-    end_b = pairs[-1][1] if pairs else -1
+    step, so this side's ops after the last aligned pair were never reached there.
+
+    Ops are visited in execution order of both runs (as :func:`~.align.merge` interleaves
+    them: the unaligned ops of A, then of B, before each aligned pair), a run of aligned pairs
+    at a time: its outputs are compared as slices, and one by one only when they differ."""
+    runs = align_keys(ops_a.keys, ops_b.keys)
+    alignments.add(step, ops_a, ops_b, runs)
+    n_a, n_b = len(ops_a), len(ops_b)
+    # Unaligned ops are counted before these positions: past the last aligned pair when cut.
+    last_i, last_j, last_n = runs[-1] if runs else (0, 0, 0)
+    stop_a = last_i + last_n if cut_a else n_a
+    stop_b = last_j + last_n if cut_b else n_b
     summary = StepSummary(step)
-    for i, j in merged:
-        if i is not None and j is not None:
-            summary.aligned += 1
-            if ops_a[i].outputs != ops_b[j].outputs:
-                summary.differing += 1
-                if result.first is None:
-                    result.first = explainer.explain(
-                        explainer.trace_a.op(ops_a[i].index), explainer.trace_b.op(ops_b[j].index)
-                    )
-        elif i is not None:
-            if cut_a and i > end_a:
-                continue
-            summary.only_a += 1
-            if len(result.unaligned_a) < UNALIGNED_EXAMPLES:
-                result.unaligned_a.append(ops_a[i].index)
-        elif j is not None:
-            if cut_b and j > end_b:
-                continue
-            summary.only_b += 1
-            if len(result.unaligned_b) < UNALIGNED_EXAMPLES:
-                result.unaligned_b.append(ops_b[j].index)
+    out_a, out_b = ops_a.outputs, ops_b.outputs
+    prev_i = prev_j = 0
+    for i, j, n in [*runs, (n_a, n_b, 0)]:
+        if i > prev_i:
+            summary.only_a += _unaligned(result.unaligned_a, ops_a.index, prev_i, min(i, stop_a))
+        if j > prev_j:
+            summary.only_b += _unaligned(result.unaligned_b, ops_b.index, prev_j, min(j, stop_b))
+        if n:
+            summary.aligned += n
+            if out_a[i : i + n] != out_b[j : j + n]:
+                for k in range(n):
+                    if out_a[i + k] != out_b[j + k]:
+                        summary.differing += 1
+                        if result.first is None:
+                            result.first = explainer.explain(
+                                explainer.trace_a.op(ops_a.index[i + k]),
+                                explainer.trace_b.op(ops_b.index[j + k]),
+                            )
+        prev_i, prev_j = i + n, j + n
     result.steps.append(summary)
     result.aligned += summary.aligned
     result.only_a += summary.only_a
     result.only_b += summary.only_b
     result.differing += summary.differing
+
+
+def _unaligned(examples: list[int], index: list[int], lo: int, hi: int) -> int:
+    """Counts unaligned ops ``[lo, hi)`` and keeps the first few as examples."""
+    if hi <= lo:
+        return 0
+    room = UNALIGNED_EXAMPLES - len(examples)
+    if room > 0:
+        examples.extend(index[lo : min(hi, lo + room)])
+    return hi - lo
 
 
 @dataclass

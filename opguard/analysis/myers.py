@@ -15,22 +15,59 @@ class TooManyEdits(Exception):
     """The sequences differ by more edits than the caller allowed."""
 
 
+Run = tuple[int, int, int]  # (i, j, n): a[i + k] == b[j + k] matched for k < n
+
+_STRIDE = 64  # elements compared at once (as slices) while looking for the common ends
+
+
 def matching_blocks(a: Sequence[int], b: Sequence[int], max_edits: int) -> list[tuple[int, int]]:
     """Pairs (i, j) with a[i] == b[j] of a longest common subsequence, in increasing order."""
-    prefix = 0
+    return [(i + k, j + k) for i, j, n in matching_runs(a, b, max_edits) for k in range(n)]
+
+
+def matching_runs(a: Sequence[int], b: Sequence[int], max_edits: int) -> list[Run]:
+    """:func:`matching_blocks` as runs of consecutive pairs."""
     limit = min(len(a), len(b))
+    prefix = 0
+    while (
+        prefix + _STRIDE <= limit and a[prefix : prefix + _STRIDE] == b[prefix : prefix + _STRIDE]
+    ):
+        prefix += _STRIDE
     while prefix < limit and a[prefix] == b[prefix]:
         prefix += 1
     suffix = 0
-    while suffix < limit - prefix and a[len(a) - 1 - suffix] == b[len(b) - 1 - suffix]:
+    end_a, end_b = len(a), len(b)
+    while (
+        suffix + _STRIDE <= limit - prefix
+        and a[end_a - suffix - _STRIDE : end_a - suffix]
+        == b[end_b - suffix - _STRIDE : end_b - suffix]
+    ):
+        suffix += _STRIDE
+    while suffix < limit - prefix and a[end_a - 1 - suffix] == b[end_b - 1 - suffix]:
         suffix += 1
-    pairs = [(i, i) for i in range(prefix)]
-    mid_a = a[prefix : len(a) - suffix]
-    mid_b = b[prefix : len(b) - suffix]
+    runs: list[Run] = [(0, 0, prefix)] if prefix else []
+    mid_a = a[prefix : end_a - suffix]
+    mid_b = b[prefix : end_b - suffix]
     if mid_a and mid_b:
-        pairs.extend((prefix + i, prefix + j) for i, j in _myers(mid_a, mid_b, max_edits))
-    pairs.extend((len(a) - suffix + k, len(b) - suffix + k) for k in range(suffix))
-    return pairs
+        runs.extend(
+            (prefix + i, prefix + j, n) for i, j, n in runs_of(_myers(mid_a, mid_b, max_edits))
+        )
+    if suffix:
+        runs.append((end_a - suffix, end_b - suffix, suffix))
+    return runs
+
+
+def runs_of(pairs: Sequence[tuple[int, int]]) -> list[Run]:
+    """Increasing pairs grouped into runs of consecutive ones."""
+    runs: list[Run] = []
+    for i, j in pairs:
+        if runs:
+            ri, rj, n = runs[-1]
+            if ri + n == i and rj + n == j:
+                runs[-1] = (ri, rj, n + 1)
+                continue
+        runs.append((i, j, 1))
+    return runs
 
 
 def _myers(a: Sequence[int], b: Sequence[int], max_edits: int) -> list[tuple[int, int]]:

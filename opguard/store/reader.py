@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+from bisect import bisect_left
 from collections.abc import Iterator
 from functools import cached_property
+from itertools import islice
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,8 @@ from .meta import read_meta
 from .records import UNKNOWN_SITE, CallSite, OpRecord, TensorRecord
 
 OPTIONAL_DBS = ("kernels",)  # absent in traces recorded without a GPU
+CHUNK = 4096  # records per chunk of RankTrace.raw_chunks
+RELEASE_EVERY = 1 << 16  # records read between two releases of the pages they came from
 
 
 def _unpack(raw: bytes | memoryview) -> Any:
@@ -194,6 +199,52 @@ class RankTrace:
         except (lmdb.Error, ValueError, KeyError, TypeError) as exc:
             self.damage = f"reading stopped at a damaged record: {exc}"
 
+    def raw_chunks(
+        self, start: int = 0, stop: int | None = None, size: int = CHUNK
+    ) -> Iterator[list[bytes]]:
+        """Undecoded op records (msgpack bytes) in execution order, ``size`` at a time, from
+        ``start`` up to ``stop`` (exclusive): the bulk read of the diff, which decodes only
+        what it needs (:mod:`opguard.analysis.keys`). Decoding errors are the caller's to
+        report in :attr:`damage`.
+
+        Reading maps the trace's pages into the process, where they stay resident until the
+        trace is closed: a whole-trace scan would grow with the trace. The pages read so far
+        are therefore unmapped every ``RELEASE_EVERY`` records (:func:`release_pages`). A
+        whole-trace scan also asks for sequential readahead while it lasts: the environment is
+        opened for random access, so each page not in the page cache would otherwise be a
+        separate 4 KiB read from the disk."""
+        read = 0
+        if stop is None:
+            advise_pages(self.path, _MADV_SEQUENTIAL)
+        try:
+            with self._env.begin() as txn:
+                cursor = txn.cursor(db=self._dbs["ops"])
+                if not cursor.set_range(schema.op_key(start)):
+                    return
+                if stop is not None:  # keys too, to stop at
+                    stop_key = schema.op_key(stop)
+                    pairs = cursor.iternext(keys=True, values=True)
+                    while chunk := list(islice(pairs, size)):
+                        if chunk[-1][0] >= stop_key:
+                            del chunk[bisect_left(chunk, stop_key, key=itemgetter(0)) :]
+                            if chunk:
+                                yield [value for _, value in chunk]
+                            return
+                        yield [value for _, value in chunk]
+                    return
+                values = cursor.iternext(keys=False, values=True)
+                while batch := list(islice(values, size)):
+                    yield batch
+                    read += len(batch)
+                    if read >= RELEASE_EVERY:
+                        release_pages(self.path)
+                        read = 0
+        except lmdb.Error as exc:
+            self.damage = f"reading stopped at a damaged record: {exc}"
+        finally:
+            if stop is None:
+                advise_pages(self.path, _MADV_RANDOM)  # as opened (readahead=False)
+
     def ops(self, start: int = 0, stop: int | None = None) -> Iterator[OpRecord]:
         for raw in self.raw_ops(start, stop):
             yield self.decode(raw)
@@ -207,6 +258,51 @@ class RankTrace:
         if raw is None:
             raise TraceError(f"{self.path}: no op {index} (trace has {len(self)})")
         return self.decode(_unpack(raw))
+
+
+_MADV_RANDOM, _MADV_SEQUENTIAL, _MADV_DONTNEED = 1, 2, 4
+_madvise: Any = None
+
+
+def advise_pages(path: Path, advice: int) -> None:
+    """``madvise`` on this process's mapping of the trace at ``path`` (a rank directory), where
+    the platform allows it (Linux; elsewhere nothing happens). See :func:`release_pages`."""
+    global _madvise
+    if _madvise is None:
+        _madvise = False
+        if os.path.exists("/proc/self/maps"):
+            try:
+                import ctypes
+
+                libc = ctypes.CDLL(None, use_errno=True)
+                libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+                _madvise = libc.madvise
+            except (OSError, AttributeError):
+                pass
+    if not _madvise:
+        return
+    data = os.path.realpath(path / "data.mdb")
+    try:
+        with open("/proc/self/maps") as maps:
+            spans = [
+                fields[0].split("-")
+                for fields in (line.split(maxsplit=5) for line in maps)
+                if len(fields) == 6 and fields[5].rstrip("\n") == data
+            ]
+    except OSError:
+        return
+    for lo, hi in spans:
+        start = int(lo, 16)
+        _madvise(start, int(hi, 16) - start, advice)
+
+
+def release_pages(path: Path) -> None:
+    """Unmaps the pages of the trace at ``path`` from this process. LMDB reads through a
+    read-only shared mapping of ``data.mdb``, so ``MADV_DONTNEED`` only drops the process's
+    page-table entries: the data stays in the page cache and the next read maps it again.
+    Without this the resident memory of a scan grows with the trace, though none of it is the
+    process's own."""
+    advise_pages(path, _MADV_DONTNEED)
 
 
 def _can_lock(path: Path) -> bool:
