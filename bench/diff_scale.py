@@ -1043,7 +1043,8 @@ def run_diff(a: Path, b: Path) -> tuple[dict[str, Any], float, int, int]:
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "opguard", "diff", str(a), str(b), "--json"],
+            [sys.executable, "-m", "opguard", "diff", str(a.resolve()), str(b.resolve()), "--json"],
+            cwd=tempfile.gettempdir(),  # a source checkout in the cwd would shadow the install
             stdout=out,
             stderr=err,
         )

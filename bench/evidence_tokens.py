@@ -42,7 +42,8 @@ def recorded(root: Path, names: set[str]) -> dict[str, Path]:
 def op_dump(run_dir: Path) -> str:
     """``opguard show RUN --ops 0: --json``: every op of every rank, as a user gets it."""
     return subprocess.run(
-        [sys.executable, "-m", "opguard", "show", str(run_dir), "--ops", "0:", "--json"],
+        [sys.executable, "-m", "opguard", "show", str(run_dir.resolve()), "--ops", "0:", "--json"],
+        cwd=tempfile.gettempdir(),  # a source checkout in the cwd would shadow the install
         capture_output=True,
         text=True,
         check=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -17,10 +18,11 @@ REPO = Path(__file__).resolve().parent.parent
 def run_cli(
     *args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Runs ``opguard ARGS`` as a user would (``python -m opguard``), capturing output."""
+    """Runs ``opguard ARGS`` as a user would (``python -m opguard``), capturing output. Never
+    from the repository root, where the source tree would shadow the installed package."""
     return subprocess.run(
         [sys.executable, "-m", "opguard", *args],
-        cwd=cwd,
+        cwd=cwd or tempfile.gettempdir(),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -68,7 +70,9 @@ def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         script = demo / f"train_{run.name}.py"
         command = [sys.executable, "-m", "opguard", "record", "-o", str(run), "--", str(script)]
         recordings.append(
-            subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            subprocess.Popen(  # cwd=root: never the repository root, see run_cli
+                command, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            )
         )
     for recording in recordings:
         _, err = recording.communicate(timeout=300)

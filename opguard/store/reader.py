@@ -28,7 +28,7 @@ from .records import UNKNOWN_SITE, CallSite, OpRecord, TensorRecord
 
 OPTIONAL_DBS = ("kernels",)  # absent in traces recorded without a GPU
 CHUNK = 4096  # records per chunk of RankTrace.raw_chunks
-RELEASE_EVERY = 1 << 16  # records read between two releases of the pages they came from
+RELEASE_EVERY = 1 << 14  # records read between two releases of the pages they came from
 
 
 def _unpack(raw: bytes | memoryview) -> Any:
