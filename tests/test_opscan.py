@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opguard.analysis.keys import outputs_of
+from opguard.analysis.keys import hashable, outputs_of
 
 _C = pytest.importorskip("opguard._C")
 if not hasattr(_C, "OpScanner"):
@@ -42,21 +42,13 @@ def scan(records: list[bytes]) -> list[tuple[Any, Any, int, Any] | None]:
     keys = scanner.levels()[0]
     for position, value in values:
         unpacked = msgpack.unpackb(value, raw=False, strict_map_key=False)
-        outputs[position] = (outputs[position], ("value", _hashable(unpacked)))
+        outputs[position] = (outputs[position], ("value", hashable(unpacked)))
     if not fallback:
         assert breaks == [k for k in range(1, len(records)) if step[k] != step[k - 1]]
     return [
         None if k in fallback else (index[k], step[k], keys[k], outputs[k])
         for k in range(len(records))
     ]
-
-
-def _hashable(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(_hashable(v) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
-    return value
 
 
 def check(records: list[bytes]) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis import Divergence, Link, RankDiff, RunDiff, TensorDiff
-from ..analysis.contract import divergence_json, op_ref
+from ..analysis.contract import divergence_json, op_ref, rank_json
 from ..store import OpRecord, RankTrace, Run
 from .describe import (
     SOURCE_CONTEXT,
@@ -266,12 +266,10 @@ def _alignment_lines(ranks: list[RankDiff], first: Divergence | None) -> Iterato
         yield f"… {len(rest)} more ranks, {differing} of them with differing aligned pairs"
 
 
+# The alignment summary of each rank, without the per-step table (the bundle stays small).
+_RANK_KEYS = ("rank", "aligned", "unaligned_a", "unaligned_b", "differing", "notes")
+
+
 def _rank_json(r: RankDiff) -> dict[str, Any]:
-    return {
-        "rank": r.rank,
-        "aligned": r.aligned,
-        "unaligned_a": r.only_a,
-        "unaligned_b": r.only_b,
-        "differing": r.differing,
-        "notes": r.notes,
-    }
+    summary = rank_json(r)
+    return {key: summary[key] for key in _RANK_KEYS}

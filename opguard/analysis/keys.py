@@ -120,7 +120,7 @@ def outputs_of(raw: dict[str, Any]) -> Any:
     except _Unpackable:
         packed = ("unpacked", tuple(tuple(content) for content in contents))
     if "v" in raw:
-        return (packed, ("value", _hashable(raw["v"])))
+        return (packed, ("value", hashable(raw["v"])))
     return packed
 
 
@@ -201,7 +201,7 @@ class LightReader:
                 scanner.define(ident, *self.keys(_unpack(chunk[position])))
             keys = scanner.levels()
             for position, value in values:
-                outputs[position] = (outputs[position], ("value", _hashable(_unpack(value))))
+                outputs[position] = (outputs[position], ("value", hashable(_unpack(value))))
             stop_here: _Stop | None = None
             for position in fallback:
                 try:
@@ -297,9 +297,9 @@ def _slice(columns: OpColumns, lo: int, hi: int, step: int) -> OpColumns:
     )
 
 
-def _hashable(value: Any) -> Any:
+def hashable(value: Any) -> Any:
     if isinstance(value, list):
-        return tuple(_hashable(v) for v in value)
+        return tuple(hashable(v) for v in value)
     if isinstance(value, dict):
-        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+        return tuple(sorted((k, hashable(v)) for k, v in value.items()))
     return value
