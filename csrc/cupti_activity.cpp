@@ -1,6 +1,7 @@
 #include "cupti_activity.h"
 
 #include <cupti.h>
+#include <cupti_callbacks.h>
 #include <dlfcn.h>
 
 #include <cstdlib>
@@ -25,6 +26,8 @@ struct Api {
   decltype(&cuptiActivityPopExternalCorrelationId) pop = nullptr;
   decltype(&cuptiGetResultString) result_string = nullptr;
   decltype(&cuptiGetVersion) version = nullptr;
+  decltype(&cuptiSubscribe) subscribe = nullptr;
+  decltype(&cuptiEnableDomain) enable_domain = nullptr;
 };
 
 struct State {
@@ -32,7 +35,8 @@ struct State {
   Api api;
   void* handle = nullptr;
   bool active = false;
-  std::unordered_map<uint32_t, uint64_t> external;     // correlation id -> op index
+  std::unordered_map<uint32_t, uint64_t> external;  // correlation id -> op index
+  CUpti_SubscriberHandle subscriber = nullptr;
   std::vector<std::pair<uint32_t, Activity>> waiting;  // activity without a known op yet
   Counters counters;
 };
@@ -40,6 +44,19 @@ struct State {
 State& state() {
   static State* s = new State();  // never destroyed: CUPTI may call back during exit
   return *s;
+}
+
+// The op whose execution the current thread is inside (-1: none), set by push/pop.
+thread_local int64_t current_op = -1;
+
+// Runtime and driver API callback: at the entry of every CUDA call made while an op runs, ties
+// the call's correlation id (which its kernels, copies and sets carry) to the op.
+void CUPTIAPI on_api(void*, CUpti_CallbackDomain, CUpti_CallbackId, const void* data) {
+  const auto* info = static_cast<const CUpti_CallbackData*>(data);
+  if (current_op < 0 || info->callbackSite != CUPTI_API_ENTER) return;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.external[info->correlationId] = static_cast<uint64_t>(current_op);
 }
 
 template <typename F>
@@ -149,7 +166,9 @@ std::string start(const std::string& library) {
                     load(s.handle, "cuptiActivityPushExternalCorrelationId", a.push) &&
                     load(s.handle, "cuptiActivityPopExternalCorrelationId", a.pop) &&
                     load(s.handle, "cuptiGetResultString", a.result_string) &&
-                    load(s.handle, "cuptiGetVersion", a.version);
+                    load(s.handle, "cuptiGetVersion", a.version) &&
+                    load(s.handle, "cuptiSubscribe", a.subscribe) &&
+                    load(s.handle, "cuptiEnableDomain", a.enable_domain);
     if (!ok) {
       dlclose(s.handle);
       s.handle = nullptr;
@@ -164,6 +183,11 @@ std::string start(const std::string& library) {
     }
   }
   CUptiResult r = s.api.register_callbacks(buffer_requested, buffer_completed);
+  if (r == CUPTI_SUCCESS && s.subscriber == nullptr) {
+    r = s.api.subscribe(&s.subscriber, on_api, nullptr);
+    if (r == CUPTI_SUCCESS) r = s.api.enable_domain(1, s.subscriber, CUPTI_CB_DOMAIN_RUNTIME_API);
+    if (r == CUPTI_SUCCESS) r = s.api.enable_domain(1, s.subscriber, CUPTI_CB_DOMAIN_DRIVER_API);
+  }
   for (CUpti_ActivityKind kind : kKinds) {
     if (r == CUPTI_SUCCESS) r = s.api.enable(kind);
   }
@@ -180,13 +204,17 @@ bool active() { return state().active; }
 
 void push(uint64_t op) {
   State& s = state();
-  if (s.active) s.api.push(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, op);
+  if (!s.active) return;
+  current_op = static_cast<int64_t>(op);
+  s.api.push(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, op);
 }
 
 void pop() {
   State& s = state();
+  if (!s.active) return;
+  current_op = -1;
   uint64_t ignored = 0;
-  if (s.active) s.api.pop(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, &ignored);
+  s.api.pop(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, &ignored);
 }
 
 std::vector<Activity> drain(bool all) {
