@@ -158,11 +158,6 @@ def test_tf32_setting_is_an_origin(tmp_path: Path) -> None:
     assert first["inputs_differ"] == [] and first["arguments_differ"] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="CUPTI delivers kernel records but no external-correlation records yet, so kernels "
-    "are not tied to ops (docs/PERFORMANCE.md, GPU status)",
-)
 def test_kernels_are_recorded_per_op(tmp_path: Path) -> None:
     _record("matmul_tf32.py", tmp_path / "a", "off")
     result = _run(
