@@ -64,6 +64,27 @@ def divergence_json(div: Divergence) -> dict[str, Any]:
     }
 
 
+def _role_json(r: RankDiff) -> dict[str, Any]:
+    """The rank's part in the divergence and where its own first divergence is (the top-level
+    ``first_divergence`` is an origin's: these say what every other rank saw)."""
+    role, div = r.role, r.first
+    if role is None or div is None:
+        return {"role": None, "divergence": None}
+    return {
+        "role": role.role,
+        "divergence": {
+            "step": div.step,
+            "kind": div.kind,
+            "cause": div.cause,
+            "summary": div.summary,
+            "a": op_ref(div.a or div.observed_a),
+            "b": op_ref(div.b or div.observed_b),
+        },
+        "collective": op_ref(role.collective),
+        "group": role.group,
+    }
+
+
 def rank_json(r: RankDiff) -> dict[str, Any]:
     return {
         "rank": r.rank,
@@ -86,6 +107,7 @@ def rank_json(r: RankDiff) -> dict[str, Any]:
             for s in r.steps
         ],
         "notes": r.notes,
+        **_role_json(r),
     }
 
 
@@ -101,4 +123,5 @@ def to_json(result: RunDiff) -> dict[str, Any]:
         "runs": {"a": result.path_a, "b": result.path_b},
         "ranks": [rank_json(r) for r in result.ranks],
         "notes": [n for r in result.ranks for n in r.notes],
+        "origin_ranks": result.origin_ranks,
     }

@@ -10,8 +10,11 @@ its record (see :mod:`opguard.analysis.keys`).
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 from collections import OrderedDict
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +23,7 @@ from .align import AlignReader, align_keys
 from .divergence import Divergence, Explainer
 from .keys import KeyTable, LightReader, OpColumns
 from .myers import Run as MatchRun
+from .roles import ORIGIN, Role, role_of
 
 UNALIGNED_EXAMPLES = 5
 STEP_CACHE = 4
@@ -48,6 +52,11 @@ class RankDiff:
     unaligned_b: list[int] = field(default_factory=list)
     first: Divergence | None = None
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def role(self) -> Role | None:
+        """Origin or receiver of its first divergence (None when the rank did not diverge)."""
+        return role_of(self.first) if self.first is not None else None
 
 
 def _steps(reader: LightReader, only: int | None) -> Iterator[tuple[int, OpColumns]]:
@@ -279,8 +288,20 @@ class RunDiff:
 
     @property
     def first(self) -> Divergence | None:
-        found = [r.first for r in self.ranks if r.first is not None]
-        return min(found, key=lambda d: (d.step, d.rank)) if found else None
+        """The earliest divergence of an origin rank; of any rank when every rank received
+        its difference (the sender was not compared, e.g. with ``--rank``)."""
+        origins = [r.first for r in self.ranks if r.first is not None and self._is_origin(r)]
+        found = origins or [r.first for r in self.ranks if r.first is not None]
+        return min(found, key=lambda d: (d.step, d.observed_a.index, d.rank)) if found else None
+
+    @property
+    def origin_ranks(self) -> list[int]:
+        return [r.rank for r in self.ranks if r.first is not None and self._is_origin(r)]
+
+    @staticmethod
+    def _is_origin(r: RankDiff) -> bool:
+        role = r.role
+        return role is not None and role.role == ORIGIN
 
     @property
     def verdict(self) -> str:
@@ -296,7 +317,10 @@ def diff_runs(
         ranks = sorted(set(run_a.ranks) & set(run_b.ranks))
         if not ranks:
             raise TraceError(f"no rank recorded in both runs (A: {run_a.ranks}, B: {run_b.ranks})")
-    results = [diff_rank(run_a.rank(r), run_b.rank(r), step=step) for r in ranks]
+    if len(ranks) == 1:
+        results = [diff_rank(run_a.rank(ranks[0]), run_b.rank(ranks[0]), step=step)]
+    else:
+        results = _diff_in_parallel(str(run_a.path), str(run_b.path), ranks, step)
     if step is not None and not any(summary.step == step for r in results for summary in r.steps):
         # Nothing compared is not "identical": say which run lacks the step.
         has = [
@@ -307,6 +331,25 @@ def diff_runs(
         where = f"only in run {has[0]}" if len(has) == 1 else "in neither run"
         raise TraceError(f"step {step} was recorded {where}: nothing to compare")
     return RunDiff(str(run_a.path), str(run_b.path), run_a.meta, run_b.meta, results)
+
+
+def _diff_in_parallel(
+    path_a: str, path_b: str, ranks: list[int], step: int | None
+) -> list[RankDiff]:
+    """One process per rank (as many at a time as there are cores): ranks are independent
+    until their roles are compared, and a large job's traces take long to walk one by one.
+    Spawned, not forked: a forked child would share the parent's LMDB handles and threads."""
+    workers = min(len(ranks), os.cpu_count() or 1)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = [pool.submit(_diff_rank_of, path_a, path_b, r, step) for r in ranks]
+        return [f.result() for f in futures]
+
+
+def _diff_rank_of(path_a: str, path_b: str, rank: int, step: int | None) -> RankDiff:
+    """:func:`diff_rank` in a worker process, which opens the traces itself."""
+    with Run(path_a) as run_a, Run(path_b) as run_b:
+        return diff_rank(run_a.rank(rank), run_b.rank(rank), step=step)
 
 
 def _has_step(trace: RankTrace, step: int) -> bool:

@@ -243,6 +243,7 @@ class Explainer:
                     out_a is not None
                     and out_b is not None
                     and not (out_a.is_view or out_b.is_view)
+                    and out_a.content_key() is not None  # unknown: a receive still in flight
                     and _content(out_a) == _content(out_b)
                 ):
                     div.cause = "unrecorded-write"  # equal when written, different when read

@@ -102,6 +102,8 @@ def print_diff(result: RunDiff) -> None:
     )
     if result.first is not None:
         print_divergence(result.first)
+    if len(result.ranks) > 1 and result.first is not None:
+        _print_roles(result)
     console.print("\n[bold]Alignment[/]")
     for r in result.ranks:
         console.print(
@@ -111,6 +113,26 @@ def print_diff(result: RunDiff) -> None:
         )
         for note in r.notes:
             console.print(f"    note: {escape(note)}")
+
+
+def _print_roles(result: RunDiff) -> None:
+    """One line per rank: where its first divergence is, and whether it started there."""
+    origins = ", ".join(str(k) for k in result.origin_ranks) or "none compared"
+    console.print(f"\n[bold]Ranks[/] — origin: {origins}")
+    for r in result.ranks:
+        role, div = r.role, r.first
+        if role is None or div is None:
+            console.print(f"  rank {r.rank}: identical")
+            continue
+        op = div.a or div.observed_a
+        where = f"{op.op} at {op.call_site.short()}, step {div.step}"
+        if role.collective is not None:
+            group = role.group
+            others = [k for k in group["ranks"] if k != r.rank] if group else []
+            peers = f" from rank(s) {', '.join(map(str, others))}" if others else ""
+            console.print(f"  rank {r.rank}: [bold]receiver[/] — {escape(where)}: received{peers}")
+        else:
+            console.print(f"  rank {r.rank}: [bold]origin[/] — {escape(div.summary)}")
 
 
 def _kernel_line(kernel: dict[str, Any]) -> str:

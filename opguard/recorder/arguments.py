@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from .collectives import script_object
 from .tensors import content_hash
 
 
@@ -31,6 +32,8 @@ def encode(value: Any) -> Any:
         return [value.real, value.imag]
     if isinstance(value, enum.Enum):
         return str(value)
+    if isinstance(value, torch.ScriptObject):
+        return script_object(value)
     # Other objects: only the type, since a repr often holds a memory address.
     return {"object": type(value).__qualname__}
 

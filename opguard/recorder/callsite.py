@@ -8,7 +8,7 @@ import os
 import site
 import sys
 import sysconfig
-from types import FrameType
+from types import CodeType, FrameType
 
 import torch
 
@@ -45,43 +45,56 @@ def _classifier() -> list[tuple[tuple[str, ...], bool]]:
 
 
 class CallSites:
-    """Interns call sites and stacks into a trace; caches which files count as user code."""
+    """Interns call sites and stacks into a trace. Runs for every forward op, so what can be
+    cached is: whether a code object is user code, the site id of a (code, line), the stack id
+    of a tuple of sites."""
 
     def __init__(self, writer: TraceWriter) -> None:
         self._writer = writer
         self._rules = _classifier()
-        self._is_user: dict[str, bool] = {}
+        self._user_code: dict[CodeType, bool] = {}
+        self._site_ids: dict[tuple[CodeType, int], int] = {}
+        self._stack_ids: dict[tuple[int, ...], int] = {}
 
     def _user_file(self, filename: str) -> bool:
-        user = self._is_user.get(filename)
-        if user is None:
-            if filename.startswith("<frozen") or filename.startswith("<__array_function__"):
-                user = False
-            else:
-                real = os.path.realpath(filename) if os.path.isabs(filename) else filename
-                user = next((u for prefixes, u in self._rules if real.startswith(prefixes)), True)
-            self._is_user[filename] = user
-        return user
+        if filename.startswith("<frozen") or filename.startswith("<__array_function__"):
+            return False
+        real = os.path.realpath(filename) if os.path.isabs(filename) else filename
+        return next((u for prefixes, u in self._rules if real.startswith(prefixes)), True)
 
-    def _site_id(self, filename: str, line: int, function: str) -> int:
-        return self._writer.intern_site(
+    def _site_id(self, code: CodeType, line: int) -> int:
+        filename, function = code.co_filename, code.co_name
+        ident = self._writer.intern_site(
             (filename, line, function), lambda: _site_payload(filename, line, function)
         )
+        self._site_ids[(code, line)] = ident
+        return ident
 
     def capture(self, frame: FrameType | None = None) -> tuple[int, int] | None:
         """(call-site id, stack id) of the current Python stack, or None if no user frame."""
         f: FrameType | None = frame if frame is not None else sys._getframe(1)
+        user_code, site_ids = self._user_code, self._site_ids
         sites: list[int] = []
         while f is not None:
             code = f.f_code
-            if self._user_file(code.co_filename):
-                sites.append(self._site_id(code.co_filename, f.f_lineno or 0, code.co_name))
+            user = user_code.get(code)
+            if user is None:
+                user = user_code[code] = self._user_file(code.co_filename)
+            if user:
+                line = f.f_lineno or 0
+                ident = site_ids.get((code, line))
+                sites.append(ident if ident is not None else self._site_id(code, line))
             f = f.f_back
         if not sites:
             return None
         sites.reverse()  # outermost first
         stack = tuple(sites)
-        return sites[-1], self._writer.intern_stack(stack, lambda: list(stack))
+        stack_id = self._stack_ids.get(stack)
+        if stack_id is None:
+            stack_id = self._stack_ids[stack] = self._writer.intern_stack(
+                stack, lambda: list(stack)
+            )
+        return sites[-1], stack_id
 
 
 def _site_payload(filename: str, line: int, function: str) -> list[object]:

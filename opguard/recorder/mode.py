@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..store import schema
 from .arguments import encode, generator_fingerprint
 from .callsite import CallSites
+from .collectives import is_collective, wait
 from .kernels import KernelActivity
 from .ops import OpInfo, op_info
 from .provenance import Provenance
@@ -34,6 +35,7 @@ Pending = list[tuple[Fields, PendingFields]]  # entries whose GPU fingerprint is
 # Bookkeeping ops that compute nothing: record_function markers carry object addresses that
 # differ between runs of the same program.
 UNRECORDED_NAMESPACES = frozenset({"profiler"})
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 class StepState:
@@ -60,6 +62,7 @@ class OpRecorder(TorchDispatchMode):
         self._base: tuple[torch.Tensor, Fields | PendingFields | None] | None = None
         self._forward_sites: dict[int, tuple[int, int | None, int | None]] = {}
         self._last_sequence_nr = -1
+        self._in_flight = False
         self.next_index = 0
         self.kernels: KernelActivity | None = None  # set when CUPTI collects GPU activity
         self.active = True
@@ -73,6 +76,11 @@ class OpRecorder(TorchDispatchMode):
             kwargs = {}
         if not self.active or func.namespace in UNRECORDED_NAMESPACES:
             return func(*args, **kwargs)
+        if any(t not in PLAIN_TENSORS for t in types):
+            # A tensor subclass (the functional collectives' AsyncCollectiveTensor, DTensor)
+            # may hold no storage to read: let it unwrap itself; the ops it runs on plain
+            # tensors come back through this mode and are recorded.
+            return NotImplemented
         try:
             pending = self._before(func, args, kwargs)
         except Exception as exc:
@@ -86,6 +94,10 @@ class OpRecorder(TorchDispatchMode):
                 out = func(*args, **kwargs)
             finally:
                 self.kernels.pop()
+        # An output still in flight is fingerprinted by its first reader, not here.
+        self._in_flight = is_collective(func.namespace) and not wait(
+            func.namespace, func._opname, out
+        )
         try:
             self._after(pending, out)
         except Exception as exc:
@@ -252,6 +264,8 @@ class OpRecorder(TorchDispatchMode):
         fields: Fields | PendingFields | None
         if info.uninitialized_output:
             fields = {"f": schema.FLAG_UNINITIALIZED}
+        elif self._in_flight:
+            fields = None
         elif info.is_view:
             base_uninitialized = bool(inputs) and inputs[0].get("f", 0) & schema.FLAG_UNINITIALIZED
             if base_uninitialized:
@@ -330,19 +344,21 @@ def failure_info(index: int, exc: BaseException) -> dict[str, Any]:
 
 
 def _returned_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
-    """(slot, tensor) for every tensor an op returned, nested lists included."""
+    """(slot, tensor) for every plain tensor an op returned, nested lists included. A tensor
+    subclass wrapping another (``_c10d_functional::_wrap_tensor_autograd``) is left out: it
+    may have no storage, and its content is recorded where it is unwrapped."""
     if isinstance(out, torch.Tensor):
-        return [("0", out)]
+        return [("0", out)] if type(out) in PLAIN_TENSORS else []
     found: list[tuple[str, torch.Tensor]] = []
     if isinstance(out, (tuple, list)):
         for position, value in enumerate(out):
-            if isinstance(value, torch.Tensor):
+            if type(value) in PLAIN_TENSORS:
                 found.append((str(position), value))
             elif isinstance(value, (tuple, list)):
                 found.extend(
                     (f"{position}[{k}]", item)
                     for k, item in enumerate(value)
-                    if isinstance(item, torch.Tensor)
+                    if type(item) in PLAIN_TENSORS
                 )
     return found
 

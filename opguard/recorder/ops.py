@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from .arguments import encode
+from .collectives import collective_writes
 
 # Ops whose outputs hold memory nobody has written yet: reading it would fingerprint garbage
 # and make identical runs look different.
@@ -48,7 +49,8 @@ def op_info(func: torch._ops.OpOverload, intern_name: object) -> OpInfo:
         name=name,
         name_id=intern_name(name),  # type: ignore[operator]
         arg_names=tuple(a.name for a in args),
-        written_args=frozenset(a.name for a in args if a.alias_info and a.alias_info.is_write),
+        written_args=frozenset(a.name for a in args if a.alias_info and a.alias_info.is_write)
+        | collective_writes(func),
         out_args=frozenset(a.name for a in args if a.is_out),
         is_view=bool(func.is_view),
         is_random=torch.Tag.nondeterministic_seeded in func.tags,

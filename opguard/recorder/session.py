@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import shutil
@@ -25,6 +26,7 @@ from ..store import TraceError, TraceWriter, schema
 from ..store.meta import read_meta, recorded_environment, write_meta
 from .kernels import KernelActivity
 from .mode import OpRecorder, StepState, failure_info
+from .ranks import distributed_info, env_rank, prepared_by_parent, wait_for_rank0
 
 _active: RecordingSession | None = None
 
@@ -79,7 +81,11 @@ class RecordingSession:
         rank: int | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
-        self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+        self.rank = env_rank() if rank is None else rank
+        # The run directory (and meta.json) belong to whoever prepared it: opguard record
+        # before torchrun, else rank 0.
+        self._prepared = prepared_by_parent()
+        self._distributed: dict[str, Any] | None = None
         self.steps_limit = steps
         self.exit_after_steps = exit_after_steps
         self.command = command or [sys.executable, *sys.argv]
@@ -96,14 +102,23 @@ class RecordingSession:
         global _active
         if _active is not None:
             raise RuntimeError("opguard: a recording is already active in this process")
-        if self.rank == 0:
+        started = time.time()
+        if self._owns_meta:
             prepare_run_dir(self.run_dir, self._overwrite)
+        elif not self._prepared:
+            wait_for_rank0(self.run_dir, started)
         self.meta = self._initial_meta()
-        if self.rank == 0:
+        if self._owns_meta:
             write_meta(self.run_dir, self.meta)
         self.writer = TraceWriter(
             self.run_dir / schema.rank_dir_name(self.rank),
-            start_info={"rank": self.rank, "pid": os.getpid(), "started": time.time()},
+            start_info={
+                "rank": self.rank,
+                "world_size": self.meta["world_size"],
+                "pid": os.getpid(),
+                "started": started,
+                "devices": self.meta["devices"],
+            },
         )
         self._recorder = OpRecorder(self.writer, self.state, self._on_failure)
         self._start_gpu_activity()
@@ -111,6 +126,11 @@ class RecordingSession:
             register_optimizer_step_pre_hook(self._optimizer_pre),
             register_optimizer_step_post_hook(self._optimizer_post),
         ]
+        # The heap that exists now (model, libraries) is moved out of the cyclic collector's
+        # view while recording: the recorder allocates a few small objects per op, and full
+        # collections scanning the whole heap for them cost a third of its time. Numerics are
+        # untouched; cycles that become garbage among those objects wait until close().
+        gc.freeze()
         self._recorder.__enter__()
         _active = self
         return self
@@ -123,6 +143,10 @@ class RecordingSession:
             return
         recorder, self._recorder = self._recorder, None
         recorder.__exit__(None, None, None)
+        gc.unfreeze()
+        self._note_distributed()
+        if self._distributed is not None:
+            self.writer.put_info("distributed", self._distributed)
         for hook in self._hooks:
             hook.remove()
         _active = None
@@ -139,7 +163,7 @@ class RecordingSession:
         write_error = self.writer.close(end)
         if write_error is not None and self.failure is None:
             self.failure = failure_info(recorder.next_index, write_error)
-        if self.rank == 0:
+        if self._owns_meta:
             self.meta = {
                 **read_meta(self.run_dir),
                 **end,
@@ -147,6 +171,16 @@ class RecordingSession:
                 "recorder_failure": self.failure and self.failure["error"],
             }
             write_meta(self.run_dir, self.meta)
+
+    @property
+    def _owns_meta(self) -> bool:
+        return self.rank == 0 and not self._prepared
+
+    def _note_distributed(self) -> None:
+        """Keeps the process group's backend and world size while it exists: scripts often
+        destroy it before the session closes."""
+        if self._distributed is None:
+            self._distributed = distributed_info()
 
     def __enter__(self) -> RecordingSession:
         return self.start()
@@ -158,12 +192,16 @@ class RecordingSession:
             self.close("failed", error=f"{type(exc).__name__}: {exc}")
 
     def _start_gpu_activity(self) -> None:
-        """On a machine with a GPU, collects each op's kernels through CUPTI; says in the trace
-        what GPU recording could and could not use."""
+        """On a machine with a GPU, collects each op's kernels through CUPTI (unless
+        ``OPGUARD_KERNELS=0``: kernel collection costs about as much again as the fingerprints);
+        says in the trace what GPU recording could and could not use."""
         if not torch.cuda.is_available():
             return
         fingerprints = _C.cuda_status()
-        activity, reason = KernelActivity.start()
+        if os.environ.get("OPGUARD_KERNELS", "1") == "0":
+            activity, reason = None, "kernel collection turned off (OPGUARD_KERNELS=0)"
+        else:
+            activity, reason = KernelActivity.start()
         if self._recorder is not None and activity is not None:
             self._recorder.kernels = activity
             self.writer.poll_kernels = activity.drain
@@ -181,6 +219,7 @@ class RecordingSession:
     # -- steps ----------------------------------------------------------------------------
 
     def end_step(self) -> None:
+        self._note_distributed()
         self.state.step += 1
         if self._recorder is not None:
             self._recorder.forget_step()
@@ -237,13 +276,19 @@ class RecordingSession:
 
 
 def record(
-    run_dir: str | Path, *, steps: int | None = None, overwrite: bool = False
+    run_dir: str | Path,
+    *,
+    steps: int | None = None,
+    overwrite: bool = False,
+    rank: int | None = None,
 ) -> RecordingSession:
     """Records every op run inside the ``with`` block into ``run_dir``.
 
-    ``steps`` stops recording (not the training) after that many optimizer steps.
+    ``steps`` stops recording (not the training) after that many optimizer steps. ``rank``
+    (default: ``RANK`` from the environment) picks ``run_dir/rank-K``; in a job of several
+    processes rank 0 prepares ``run_dir`` and the others wait for it.
     """
-    return RecordingSession(run_dir, steps=steps, overwrite=overwrite)
+    return RecordingSession(run_dir, steps=steps, overwrite=overwrite, rank=rank)
 
 
 def step() -> None:

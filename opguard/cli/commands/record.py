@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from ...store import TraceError
 from .base import CommandError
 
 
@@ -46,7 +47,18 @@ def run(args: argparse.Namespace) -> int:
         return _run_elsewhere(args, target_args)
 
     from ...recorder.launch import Target, run_recorded
+    from ...recorder.torchrun import parse_job, run_torchrun, torchrun_argv
 
+    launcher = torchrun_argv(target_args, args.module)
+    if launcher is not None:
+        command = ["opguard", "record", "-o", args.output, "--", "torchrun", *launcher]
+        try:
+            job = parse_job(launcher)
+        except TraceError as exc:
+            raise CommandError(str(exc)) from None
+        return run_torchrun(
+            job, Path(args.output), steps=args.steps, overwrite=args.overwrite, command=command
+        )
     if args.module:
         target = Target(args.module, target_args, is_module=True)
     else:
