@@ -42,8 +42,10 @@ def print_run_summary(path: str, meta: dict[str, Any], ranks: Sequence[dict[str,
         state = (
             "finished" if r["finished"] else "[yellow]did not finish (killed or still recording)[/]"
         )
+        after = r.get("ops_after_last_step", 0)
+        tail = f" + {after} op(s) after the last step" if after else ""
         console.print(
-            f"  rank {r['rank']}: {r['ops']} ops in {r['steps']} step(s) ({phases}); {state}"
+            f"  rank {r['rank']}: {r['ops']} ops in {r['steps']} step(s){tail} ({phases}); {state}"
         )
         if "recorder_failure" in r:
             f = r["recorder_failure"]

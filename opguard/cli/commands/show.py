@@ -26,20 +26,24 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def rank_summary(trace: RankTrace) -> dict[str, Any]:
     phases: Counter[str] = Counter()
-    steps = 0
+    step_values: Counter[int] = Counter()
     count = 0
     for raw in trace.raw_ops():
         phases[store_schema.PHASES[raw.get("p", 3)]] += 1
-        steps = max(steps, raw.get("s", 0) + 1)
+        step_values[raw.get("s", 0)] += 1
         count += 1
+    end = trace.info.get("end")
+    # Completed optimizer steps, as the recorder counted them; ops after the last step (a final
+    # loss.item(), evaluation) are counted apart rather than as one more step.
+    steps = end["steps"] if end and isinstance(end.get("steps"), int) else len(step_values)
     summary: dict[str, Any] = {
         "rank": trace.rank,
         "ops": count,
         "steps": steps,
+        "ops_after_last_step": sum(n for s, n in step_values.items() if s >= steps),
         "phases": dict(phases),
         "finished": trace.finished,
     }
-    end = trace.info.get("end")
     if end:
         summary["end"] = end.get("status")
         if end.get("stopped"):
