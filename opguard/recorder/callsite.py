@@ -45,16 +45,14 @@ def _classifier() -> list[tuple[tuple[str, ...], bool]]:
 
 
 class CallSites:
-    """Interns call sites and stacks into a trace. Runs for every forward op, so what can be
-    cached is: whether a code object is user code, the site id of a (code, line), the stack id
-    of a tuple of sites."""
+    """Interns call sites and stacks into a trace. Runs for every forward op, so it caches
+    whether a code object is user code and the site id of a (code, line)."""
 
     def __init__(self, writer: TraceWriter) -> None:
         self._writer = writer
         self._rules = _classifier()
         self._user_code: dict[CodeType, bool] = {}
         self._site_ids: dict[tuple[CodeType, int], int] = {}
-        self._stack_ids: dict[tuple[int, ...], int] = {}
 
     def _user_file(self, filename: str) -> bool:
         if filename.startswith("<frozen") or filename.startswith("<__array_function__"):
@@ -70,9 +68,9 @@ class CallSites:
         self._site_ids[(code, line)] = ident
         return ident
 
-    def capture(self, frame: FrameType | None = None) -> tuple[int, int] | None:
+    def capture(self) -> tuple[int, int] | None:
         """(call-site id, stack id) of the current Python stack, or None if no user frame."""
-        f: FrameType | None = frame if frame is not None else sys._getframe(1)
+        f: FrameType | None = sys._getframe(1)
         user_code, site_ids = self._user_code, self._site_ids
         sites: list[int] = []
         while f is not None:
@@ -88,13 +86,7 @@ class CallSites:
         if not sites:
             return None
         sites.reverse()  # outermost first
-        stack = tuple(sites)
-        stack_id = self._stack_ids.get(stack)
-        if stack_id is None:
-            stack_id = self._stack_ids[stack] = self._writer.intern_stack(
-                stack, lambda: list(stack)
-            )
-        return sites[-1], stack_id
+        return sites[-1], self._writer.intern_stack(tuple(sites))  # stored as a msgpack array
 
 
 def _site_payload(filename: str, line: int, function: str) -> list[object]:
