@@ -22,8 +22,6 @@ struct Api {
   decltype(&cuptiActivityRegisterCallbacks) register_callbacks = nullptr;
   decltype(&cuptiActivityFlushAll) flush_all = nullptr;
   decltype(&cuptiActivityGetNextRecord) next_record = nullptr;
-  decltype(&cuptiActivityPushExternalCorrelationId) push = nullptr;
-  decltype(&cuptiActivityPopExternalCorrelationId) pop = nullptr;
   decltype(&cuptiGetResultString) result_string = nullptr;
   decltype(&cuptiGetVersion) version = nullptr;
   decltype(&cuptiSubscribe) subscribe = nullptr;
@@ -35,7 +33,7 @@ struct State {
   Api api;
   void* handle = nullptr;
   bool active = false;
-  std::unordered_map<uint32_t, uint64_t> external;  // correlation id -> op index
+  std::unordered_map<uint32_t, uint64_t> op_of;  // correlation id -> op index
   CUpti_SubscriberHandle subscriber = nullptr;
   std::vector<std::pair<uint32_t, Activity>> waiting;  // activity without a known op yet
   Counters counters;
@@ -56,7 +54,8 @@ void CUPTIAPI on_api(void*, CUpti_CallbackDomain, CUpti_CallbackId, const void* 
   if (current_op < 0 || info->callbackSite != CUPTI_API_ENTER) return;
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
-  s.external[info->correlationId] = static_cast<uint64_t>(current_op);
+  s.op_of[info->correlationId] = static_cast<uint64_t>(current_op);
+  ++s.counters.correlations;
 }
 
 template <typename F>
@@ -126,12 +125,6 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
         correlation = m->correlationId;
         break;
       }
-      case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
-        const auto* e = reinterpret_cast<const CUpti_ActivityExternalCorrelation*>(record);
-        s.external[e->correlationId] = e->externalId;
-        ++s.counters.correlations;
-        continue;
-      }
       default:
         continue;
     }
@@ -141,8 +134,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   free(buffer);
 }
 
-const CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
-                                     CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
+const CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
                                      CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET};
 
 }  // namespace
@@ -163,8 +155,6 @@ std::string start(const std::string& library) {
                     load(s.handle, "cuptiActivityRegisterCallbacks", a.register_callbacks) &&
                     load(s.handle, "cuptiActivityFlushAll", a.flush_all) &&
                     load(s.handle, "cuptiActivityGetNextRecord", a.next_record) &&
-                    load(s.handle, "cuptiActivityPushExternalCorrelationId", a.push) &&
-                    load(s.handle, "cuptiActivityPopExternalCorrelationId", a.pop) &&
                     load(s.handle, "cuptiGetResultString", a.result_string) &&
                     load(s.handle, "cuptiGetVersion", a.version) &&
                     load(s.handle, "cuptiSubscribe", a.subscribe) &&
@@ -206,15 +196,12 @@ void push(uint64_t op) {
   State& s = state();
   if (!s.active) return;
   current_op = static_cast<int64_t>(op);
-  s.api.push(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, op);
 }
 
 void pop() {
   State& s = state();
   if (!s.active) return;
   current_op = -1;
-  uint64_t ignored = 0;
-  s.api.pop(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, &ignored);
 }
 
 std::vector<Activity> drain(bool all) {
@@ -225,17 +212,17 @@ std::vector<Activity> drain(bool all) {
   std::vector<Activity> ready;
   std::vector<std::pair<uint32_t, Activity>> still;
   for (auto& [correlation, activity] : s.waiting) {
-    auto it = s.external.find(correlation);
-    if (it != s.external.end()) {
+    auto it = s.op_of.find(correlation);
+    if (it != s.op_of.end()) {
       activity.op = it->second;
-      s.external.erase(it);  // one correlation id per launch
+      s.op_of.erase(it);  // one correlation id per launch
       ready.push_back(std::move(activity));
     } else if (!all) {
       still.emplace_back(correlation, std::move(activity));
     }  // after a forced flush, activity with no op was not launched by a recorded op
   }
   s.waiting.swap(still);
-  if (all) s.external.clear();
+  if (all) s.op_of.clear();
   return ready;
 }
 

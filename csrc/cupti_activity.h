@@ -1,6 +1,6 @@
-// Kernel, memcpy and memset activity through CUPTI, tied to recorded ops by an external
-// correlation id. libcupti is opened at run time (dlopen), so the extension imports and the
-// CPU path works on machines without it.
+// Kernel, memcpy and memset activity through CUPTI, tied to recorded ops through CUPTI's API
+// callbacks (the correlation id of each CUDA call made while an op runs). libcupti is opened at
+// run time (dlopen), so the extension imports and the CPU path works on machines without it.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@ namespace opguard {
 namespace cupti {
 
 struct Activity {
-  uint64_t op;       // external correlation id: the recorded op's index
+  uint64_t op;       // the recorded op's index
   int kind;          // 0 kernel, 1 memcpy, 2 memset
   std::string name;  // kernel name, or the memcpy direction
   uint32_t grid[3];
@@ -28,7 +28,7 @@ struct Counters {
   uint64_t buffers = 0;       // buffers CUPTI completed
   uint64_t records = 0;       // records in them
   uint64_t activities = 0;    // kernels, memcpys and memsets
-  uint64_t correlations = 0;  // external correlation records
+  uint64_t correlations = 0;  // CUDA API calls tied to an op
 };
 Counters counters();
 

@@ -1,7 +1,8 @@
 """GPU kernels, memcpys and memsets of each recorded op, through CUPTI's activity API.
 
-The native side ties GPU work to an op with CUPTI's external correlation ids (pushed around the
-op's execution); this module finds libcupti, starts collection, and turns drained activity
+The native side ties GPU work to an op through CUPTI's API callbacks: every CUDA call made while
+the op runs (between push and pop) has its correlation id, which its kernels carry, mapped to the
+op; this module finds libcupti, starts collection, and turns drained activity
 into the trace's per-op kernel lists.
 """
 
