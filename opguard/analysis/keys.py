@@ -18,7 +18,9 @@ from typing import Any
 import msgpack
 
 from ..store import RankTrace, schema
+from ..store.errors import DamagedRecord
 from ..store.reader import _unpack
+from ..store.records import check_op
 
 
 def _native_scanner() -> Any:
@@ -205,8 +207,8 @@ class LightReader:
             stop_here: _Stop | None = None
             for position in fallback:
                 try:
-                    raw = _unpack(chunk[position])
-                except (ValueError, KeyError, TypeError) as exc:
+                    raw = check_op(_unpack(chunk[position]))
+                except DamagedRecord as exc:
                     stop_here = _Stop(self.trace, position, damage=exc)
                     break
                 try:

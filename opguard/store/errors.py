@@ -3,3 +3,7 @@
 
 class TraceError(Exception):
     """A path is not a readable OpGuard trace (missing, not a trace, wrong schema)."""
+
+
+class DamagedRecord(TraceError):
+    """A stored record that does not have the form the recorder writes (a damaged trace)."""

@@ -56,10 +56,16 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
         raise TraceError(f"{path}: unreadable run metadata ({exc})") from None
     if not isinstance(meta, dict):
         raise TraceError(f"{path}: unreadable run metadata (not an object)")
-    version = meta.get("schema")
-    if not isinstance(version, int) or version > schema.SCHEMA_VERSION:
+    check_schema(meta.get("schema"), run_dir)
+    return meta
+
+
+def check_schema(version: Any, where: Path) -> None:
+    """Refuses a trace this version of OpGuard cannot read, saying why."""
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise TraceError(f"{where}: not an OpGuard trace (no valid schema version)")
+    if version > schema.SCHEMA_VERSION:
         raise TraceError(
-            f"{run_dir}: trace schema {version} is newer than this OpGuard reads "
+            f"{where}: trace schema {version} is newer than this OpGuard reads "
             f"({schema.SCHEMA_VERSION}); upgrade opguard"
         )
-    return meta

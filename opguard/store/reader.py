@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from itertools import islice
 from operator import itemgetter
@@ -22,9 +22,18 @@ import lmdb
 import msgpack
 
 from . import schema
-from .errors import TraceError
-from .meta import read_meta
-from .records import UNKNOWN_SITE, CallSite, OpRecord, TensorRecord
+from .errors import DamagedRecord, TraceError
+from .meta import check_schema, read_meta
+from .pagecheck import check_snapshot
+from .records import (
+    UNKNOWN_SITE,
+    CallSite,
+    OpRecord,
+    TensorRecord,
+    check_op,
+    decode_name,
+    decode_stack,
+)
 
 OPTIONAL_DBS = ("kernels",)  # absent in traces recorded without a GPU
 CHUNK = 4096  # records per chunk of RankTrace.raw_chunks
@@ -32,7 +41,17 @@ RELEASE_EVERY = 1 << 14  # records read between two releases of the pages they c
 
 
 def _unpack(raw: bytes | memoryview) -> Any:
-    return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    """One stored msgpack value; :class:`DamagedRecord` when the bytes are not one."""
+    try:
+        return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise DamagedRecord(f"undecodable record ({type(exc).__name__}: {exc})") from None
+
+
+def _op_index(key: bytes | memoryview) -> int:
+    if len(key) != schema.OP_KEY_SIZE:
+        raise DamagedRecord(f"op key of {len(key)} bytes")
+    return schema.op_index(bytes(key))
 
 
 class _Environments:
@@ -81,26 +100,44 @@ class RankTrace:
         self.damage: str | None = None  # set when reading stopped at a damaged record
         try:
             self._env = _ENVIRONMENTS.acquire(path)
+        except lmdb.Error as exc:
+            raise TraceError(f"{path}: not a readable OpGuard trace ({exc})") from None
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self) -> None:
+        self._check_structure()
+        try:
             self._dbs = {
                 name: self._env.open_db(name.encode(), create=False)
                 for name in schema.DB_NAMES
                 if name not in OPTIONAL_DBS
             }
         except lmdb.Error as exc:
-            raise TraceError(f"{path}: not a readable OpGuard trace ({exc})") from None
+            raise TraceError(f"{self.path}: not a readable OpGuard trace ({exc})") from None
         for name in OPTIONAL_DBS:
             with contextlib.suppress(lmdb.Error):
                 self._dbs[name] = self._env.open_db(name.encode(), create=False)
         self.info = self._read_info()
-        version = self.info.get("schema")
-        if not isinstance(version, int) or version > schema.SCHEMA_VERSION:
-            raise TraceError(f"{path}: trace schema {version} is newer than this OpGuard reads")
+        check_schema(self.info.get("schema"), self.path)
+
+    def _check_structure(self) -> None:
+        """Refuses a truncated or structurally damaged file before LMDB reads its pages
+        (LMDB would crash the process on it, see :mod:`.pagecheck`)."""
+        try:
+            with self._env.begin() as txn:
+                check_snapshot(self.path / "data.mdb", txn.id())
+        except lmdb.Error as exc:
+            raise TraceError(f"{self.path}: not a readable OpGuard trace ({exc})") from None
 
     def _read_info(self) -> dict[str, Any]:
         try:
             with self._env.begin() as txn:
                 return {k.decode(): _unpack(v) for k, v in txn.cursor(db=self._dbs["info"])}
-        except (lmdb.Error, ValueError) as exc:
+        except (lmdb.Error, ValueError, DamagedRecord) as exc:
             raise TraceError(f"{self.path}: unreadable trace header ({exc})") from None
 
     def close(self) -> None:
@@ -119,30 +156,29 @@ class RankTrace:
         with self._env.begin() as txn:
             return int(txn.stat(self._dbs["ops"])["entries"])
 
-    def _table(self, name: str) -> dict[int, Any]:
+    def _table(self, name: str, decode: Callable[[Any], Any]) -> dict[int, Any]:
         table: dict[int, Any] = {}
         try:
             with self._env.begin() as txn:
                 for key, value in txn.cursor(db=self._dbs[name]):
-                    table[schema.id_of(key)] = _unpack(value)
-        except (lmdb.Error, ValueError) as exc:
+                    if len(key) != schema.ID_KEY_SIZE:
+                        raise DamagedRecord(f"key of {len(key)} bytes")
+                    table[schema.id_of(key)] = decode(_unpack(value))
+        except (lmdb.Error, DamagedRecord) as exc:
             self.damage = f"interned {name} unreadable: {exc}"
         return table
 
     @cached_property
     def op_names(self) -> dict[int, str]:
-        return self._table("names")
+        return self._table("names", decode_name)
 
     @cached_property
     def sites(self) -> dict[int, CallSite]:
-        return {
-            i: CallSite(v[0], v[1], v[2], tuple((n, t) for n, t in v[3]))
-            for i, v in self._table("sites").items()
-        }
+        return self._table("sites", CallSite.decode)
 
     @cached_property
     def stacks(self) -> dict[int, tuple[int, ...]]:
-        return {i: tuple(v) for i, v in self._table("stacks").items()}
+        return self._table("stacks", decode_stack)
 
     def stack(self, stack_id: int) -> list[CallSite]:
         """The user stack of an op, outermost frame first."""
@@ -154,7 +190,10 @@ class RankTrace:
             self.__dict__.pop(name, None)
         self.info = self._read_info()
 
-    def decode(self, raw: dict[str, Any]) -> OpRecord:
+    def decode(self, raw: Any) -> OpRecord:
+        """The op record ``raw`` (as unpacked from the trace); :class:`DamagedRecord` when it
+        is not one."""
+        raw = check_op(raw)
         site = raw.get("c")
         return OpRecord(
             index=raw["i"],
@@ -162,7 +201,7 @@ class RankTrace:
             step=raw.get("s", 0),
             phase=schema.PHASES[raw.get("p", 3)],
             call_site=self.sites.get(site, UNKNOWN_SITE) if site is not None else UNKNOWN_SITE,
-            stack_id=raw.get("k", -1),
+            stack_id=-1 if raw.get("k") is None else raw["k"],
             forward_index=raw.get("f"),
             args=tuple((str(a[0]), a[1]) for a in raw.get("a", ())),
             inputs=tuple(TensorRecord.decode(t) for t in raw.get("x", ())),
@@ -185,18 +224,19 @@ class RankTrace:
         return tuple(_unpack(raw)) if raw is not None else ()
 
     def raw_ops(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
-        """Undecoded op maps in execution order, from ``start`` up to ``stop`` (exclusive)."""
+        """Undecoded op maps in execution order, from ``start`` up to ``stop`` (exclusive).
+        Reading ends at a damaged record, noted in :attr:`damage`."""
         try:
             with self._env.begin(buffers=True) as txn:
                 cursor = txn.cursor(db=self._dbs["ops"])
                 if not cursor.set_range(schema.op_key(start)):
                     return
                 for key, value in cursor:
-                    index = schema.op_index(bytes(key))
+                    index = _op_index(key)
                     if stop is not None and index >= stop:
                         return
                     yield _unpack(value)
-        except (lmdb.Error, ValueError, KeyError, TypeError) as exc:
+        except (lmdb.Error, DamagedRecord) as exc:
             self.damage = f"reading stopped at a damaged record: {exc}"
 
     def raw_chunks(
@@ -246,8 +286,15 @@ class RankTrace:
                 advise_pages(self.path, _MADV_RANDOM)  # as opened (readahead=False)
 
     def ops(self, start: int = 0, stop: int | None = None) -> Iterator[OpRecord]:
+        """Decoded ops in execution order; reading ends at a damaged record (see
+        :attr:`damage`)."""
         for raw in self.raw_ops(start, stop):
-            yield self.decode(raw)
+            try:
+                op = self.decode(raw)
+            except DamagedRecord as exc:
+                self.damage = f"reading stopped at a damaged record: {exc}"
+                return
+            yield op
 
     def op(self, index: int) -> OpRecord:
         try:

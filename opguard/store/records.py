@@ -7,6 +7,7 @@ from typing import Any
 
 from .. import dtypes
 from . import schema
+from .errors import DamagedRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,6 +16,24 @@ class CallSite:
     line: int
     function: str
     source: tuple[tuple[int, str], ...] = ()  # (line number, text) around the call line
+
+    @classmethod
+    def decode(cls, raw: Any) -> CallSite:
+        """An interned call site ``[file, line, function, [[line, text], ...]]``."""
+        if not (
+            type(raw) is list
+            and len(raw) == 4
+            and type(raw[0]) is str
+            and type(raw[1]) is int
+            and type(raw[2]) is str
+            and type(raw[3]) is list
+            and all(
+                type(s) is list and len(s) == 2 and type(s[0]) is int and type(s[1]) is str
+                for s in raw[3]
+            )
+        ):
+            raise DamagedRecord("damaged call site")
+        return cls(raw[0], raw[1], raw[2], tuple((n, t) for n, t in raw[3]))
 
     def short(self) -> str:
         return f"{self.file.rsplit('/', 1)[-1]}:{self.line} ({self.function})"
@@ -47,7 +66,9 @@ class TensorRecord:
     flags: int
 
     @classmethod
-    def decode(cls, raw: dict[str, Any]) -> TensorRecord:
+    def decode(cls, raw: Any) -> TensorRecord:
+        """The tensor entry ``raw`` (as unpacked); :class:`DamagedRecord` if it is not one."""
+        _check_fields(raw, _TENSOR_FIELDS, "tensor entry")
         producer = raw.get("p")
         stats = raw.get("m")
         return cls(
@@ -87,7 +108,8 @@ class TensorRecord:
         return dtypes.element_bits(self.head, self._dtype().itemsize)
 
     def _dtype(self) -> dtypes.DType:
-        itemsize = self.nbytes // _numel(self.shape) if self.nbytes and _numel(self.shape) else 1
+        numel = _numel(self.shape)
+        itemsize = max(1, self.nbytes // numel) if self.nbytes and numel else 1
         return dtypes.lookup(self.dtype, itemsize)
 
     def describe_shape(self) -> str:
@@ -120,6 +142,106 @@ class TensorRecord:
 
 
 STAT_NAMES = ("min", "max", "mean", "absmax", "nan", "inf")
+
+
+def decode_name(raw: Any) -> str:
+    """An interned op name."""
+    if type(raw) is not str:
+        raise DamagedRecord("damaged op name")
+    return raw
+
+
+def decode_stack(raw: Any) -> tuple[int, ...]:
+    """An interned user stack: call-site ids, outermost first."""
+    if not _is_ints(raw):
+        raise DamagedRecord("damaged stack")
+    return tuple(raw)
+
+
+# -- what a stored record may hold ------------------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int
+
+
+def _is_index(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _is_ints(value: Any) -> bool:
+    return type(value) is list and all(type(v) is int for v in value)
+
+
+def _is_optional(check: Any) -> Any:
+    return lambda value: value is None or check(value)
+
+
+def _is_pair(value: Any) -> bool:
+    return type(value) is list and len(value) == 2 and all(type(v) is int for v in value)
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) in (int, float)
+
+
+def _is_list_of(check: Any) -> Any:
+    return lambda value: type(value) is list and all(check(v) for v in value)
+
+
+def _is_tensor(value: Any) -> bool:
+    return type(value) is dict and all(
+        check(value[name]) for name, check in _TENSOR_FIELDS.items() if name in value
+    )
+
+
+_TENSOR_FIELDS: dict[str, Any] = {
+    "n": lambda v: type(v) in (str, int),
+    "d": lambda v: type(v) is str,
+    "s": _is_ints,
+    "t": _is_ints,
+    "v": lambda v: type(v) is str,
+    "h": lambda v: type(v) is int and 0 <= v < 1 << 64,
+    "b": lambda v: type(v) is bytes,
+    "z": _is_index,
+    "m": _is_optional(_is_list_of(lambda v: v is None or _is_number(v))),
+    "p": _is_optional(_is_pair),
+    "f": _is_index,
+}
+
+OP_FIELDS: dict[str, Any] = {
+    "i": _is_index,
+    "o": _is_int,
+    "s": _is_int,
+    "p": lambda v: type(v) is int and 0 <= v < len(schema.PHASES),
+    "c": _is_optional(_is_int),
+    "k": _is_optional(_is_int),
+    "f": _is_optional(_is_int),
+    "a": _is_list_of(lambda v: type(v) is list and len(v) == 2 and type(v[0]) in (str, int)),
+    "x": _is_list_of(_is_tensor),
+    "y": _is_list_of(_is_tensor),
+    "r": _is_optional(lambda v: type(v) is int and 0 <= v < 1 << 64),
+}
+REQUIRED_OP_FIELDS = ("i", "o")
+
+
+def check_op(raw: Any) -> dict[str, Any]:
+    """``raw`` if it is an op record as the recorder writes it (the fields readers use, with
+    their types); else :class:`DamagedRecord`. Fields the reader does not know are ignored, so
+    a later recorder may add some."""
+    _check_fields(raw, OP_FIELDS, "op record")
+    missing = [name for name in REQUIRED_OP_FIELDS if name not in raw]
+    if missing:
+        raise DamagedRecord(f"op record without field(s) {', '.join(missing)}")
+    return raw
+
+
+def _check_fields(raw: Any, checks: dict[str, Any], what: str) -> None:
+    if type(raw) is not dict:
+        raise DamagedRecord(f"{what} is a {type(raw).__name__}, not a map")
+    for name, check in checks.items():
+        if name in raw and not check(raw[name]):
+            raise DamagedRecord(f"{what} field {name!r} has a damaged value")
 
 
 def _json_number(value: Any) -> Any:

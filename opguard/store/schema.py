@@ -52,6 +52,8 @@ FLAG_WRITTEN = 8  # an argument the op wrote in place (its "output" entry is the
 
 _KEY = struct.Struct(">Q")
 _ID = struct.Struct(">I")
+OP_KEY_SIZE = _KEY.size
+ID_KEY_SIZE = _ID.size
 
 
 def op_key(index: int) -> bytes:
