@@ -47,11 +47,30 @@ def print_run_summary(path: str, meta: dict[str, Any], ranks: Sequence[dict[str,
         console.print(
             f"  rank {r['rank']}: {r['ops']} ops in {r['steps']} step(s){tail} ({phases}); {state}"
         )
+        if r.get("partial"):
+            console.print(f"    [yellow]partial trace: {_partial_end(r)}[/]")
         if "recorder_failure" in r:
             f = r["recorder_failure"]
             console.print(f"    [red]recording stopped at op {f['at_op']}: {f['error']}[/]")
+        if "write_failure" in r:
+            console.print(f"    [red]{r['write_failure']}[/]")
         if "damage" in r:
             console.print(f"    [red]{r['damage']}[/]")
+    if meta.get("recorder_failure") and not any(
+        "recorder_failure" in r or "write_failure" in r for r in ranks
+    ):
+        console.print(f"  [red]recording stopped: {meta['recorder_failure']}[/]")
+
+
+def _partial_end(rank: dict[str, Any]) -> str:
+    """Where a partial trace ends, and why when it is known."""
+    last = rank.get("last_op")
+    where = f"ends at op {last['index']} (step {last['step']})" if last else "holds no op"
+    if not rank["finished"]:
+        return f"{where}; the recorder did not close it (killed, or still recording)"
+    if "recorder_failure" in rank or "write_failure" in rank:
+        return f"{where}; recording stopped early"
+    return f"{where}; {rank.get('error') or 'run ' + str(rank.get('end'))}"
 
 
 def print_op_table(ops: Sequence[OpRecord], title: str) -> None:

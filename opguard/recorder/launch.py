@@ -9,7 +9,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from .session import RecordingSession, StepLimitReached
+from .session import TERMINATED, RecordingSession, StepLimitReached
+from .termination import Terminated
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ def run_recorded(
             runpy.run_path(os.path.abspath(target.path), run_name="__main__")
     except StepLimitReached:
         status = "stopped"
+    except Terminated as exc:  # the session closes the trace, then the process dies of it
+        status, code, error = TERMINATED, exit_code_of(exc), "terminated by SIGTERM"
     except SystemExit as exc:
         code = exit_code_of(exc)
         status = "finished" if code == 0 else "failed"

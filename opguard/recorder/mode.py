@@ -38,6 +38,10 @@ UNRECORDED_NAMESPACES = frozenset({"profiler"})
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
+class TraceWriteFailed(RuntimeError):
+    """The trace writer could not write (a full disk): recording stops, training goes on."""
+
+
 class StepState:
     """Step counter and phase flags shared by the recorder and the optimizer hooks."""
 
@@ -116,7 +120,7 @@ class OpRecorder(TorchDispatchMode):
 
     def _before(self, func: Any, args: tuple, kwargs: dict) -> tuple:
         if self._writer.error is not None:
-            raise RuntimeError(f"trace writer failed: {self._writer.error}")
+            raise TraceWriteFailed(self._writer.failure_message())
         self._provenance.settle()
         self._pending = []
         self._base = None

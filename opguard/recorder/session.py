@@ -25,10 +25,12 @@ from .. import _C, __version__
 from ..store import TraceError, TraceWriter, schema
 from ..store.meta import read_meta, recorded_environment, write_meta
 from .kernels import KernelActivity
-from .mode import OpRecorder, StepState, failure_info
+from .mode import OpRecorder, StepState, TraceWriteFailed, failure_info
 from .ranks import distributed_info, env_rank, prepared_by_parent, wait_for_rank0
+from .termination import Terminated, catch_sigterm, die_of_sigterm, release_sigterm
 
 _active: RecordingSession | None = None
+TERMINATED = "terminated"  # the run's status after a SIGTERM
 
 
 class StepLimitReached(SystemExit):
@@ -131,6 +133,7 @@ class RecordingSession:
         # collections scanning the whole heap for them cost a third of its time. Numerics are
         # untouched; cycles that become garbage among those objects wait until close().
         gc.freeze()
+        catch_sigterm()
         self._recorder.__enter__()
         _active = self
         return self
@@ -138,11 +141,14 @@ class RecordingSession:
     def close(
         self, status: str = "finished", exit_code: int | None = None, error: str | None = None
     ) -> None:
+        """Ends the recording: flushes the trace and writes how it ended. After a SIGTERM
+        (status ``terminated``) the process then dies of it, as it would have unrecorded."""
         global _active
         if self._recorder is None:
             return
         recorder, self._recorder = self._recorder, None
         recorder.__exit__(None, None, None)
+        release_sigterm()
         gc.unfreeze()
         self._note_distributed()
         if self._distributed is not None:
@@ -161,9 +167,17 @@ class RecordingSession:
             "stopped": self._stopped_reason,
         }
         write_error = self.writer.close(end)
-        if write_error is not None and self.failure is None:
-            self.failure = failure_info(recorder.next_index, write_error)
+        if write_error is not None and self.failure is None:  # the last batch failed
+            self._on_failure(recorder.next_index, TraceWriteFailed(self.writer.failure_message()))
         if self._owns_meta:
+            self._finish_meta(end)
+        if status == TERMINATED:
+            die_of_sigterm()
+
+    def _finish_meta(self, end: dict[str, Any]) -> None:
+        """Adds how the run ended to ``meta.json``; a disk too full even for that is said on
+        stderr (the trace's own end record says it too, when it could be written)."""
+        try:
             self.meta = {
                 **read_meta(self.run_dir),
                 **end,
@@ -171,6 +185,8 @@ class RecordingSession:
                 "recorder_failure": self.failure and self.failure["error"],
             }
             write_meta(self.run_dir, self.meta)
+        except (OSError, TraceError) as exc:
+            print(f"opguard: could not complete {schema.META_FILE}: {exc}", file=sys.stderr)
 
     @property
     def _owns_meta(self) -> bool:
@@ -188,6 +204,8 @@ class RecordingSession:
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
         if exc is None or isinstance(exc, StepLimitReached):
             self.close("finished")
+        elif isinstance(exc, Terminated):
+            self.close(TERMINATED, exc.code, "terminated by SIGTERM")  # type: ignore[arg-type]
         else:
             self.close("failed", error=f"{type(exc).__name__}: {exc}")
 

@@ -42,8 +42,12 @@ def recorded_environment() -> dict[str, str]:
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
     path = run_dir / schema.META_FILE
     tmp = path.with_name(f".{schema.META_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # the old meta.json stays whole
+        raise
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:

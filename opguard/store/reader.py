@@ -35,6 +35,7 @@ from .records import (
     decode_stack,
 )
 
+COMPLETE_STATUSES = ("finished", "stopped")  # ``end`` statuses of a run recorded to its end
 OPTIONAL_DBS = ("kernels",)  # absent in traces recorded without a GPU
 CHUNK = 4096  # records per chunk of RankTrace.raw_chunks
 RELEASE_EVERY = 1 << 14  # records read between two releases of the pages they came from
@@ -151,6 +152,32 @@ class RankTrace:
     @property
     def failure(self) -> dict[str, Any] | None:
         return self.info.get("failure")
+
+    @property
+    def partial(self) -> bool:
+        """Whether the trace stops before the program did: killed, still recording, ended
+        by a signal or an exception, or recording stopped by a failure (a step limit is a
+        complete recording of what was asked)."""
+        end = self.info.get("end")
+        return (
+            not isinstance(end, dict)
+            or end.get("status") not in COMPLETE_STATUSES
+            or self.failure is not None
+            or "write_failure" in self.info
+        )
+
+    def last_op(self) -> tuple[int, int] | None:
+        """(index, step) of the last op on disk; None for an empty trace."""
+        try:
+            with self._env.begin() as txn:
+                cursor = txn.cursor(db=self._dbs["ops"])
+                if not cursor.last():
+                    return None
+                op = self.decode(_unpack(cursor.value()))
+        except (lmdb.Error, DamagedRecord) as exc:
+            self.damage = f"last op unreadable: {exc}"
+            return None
+        return op.index, op.step
 
     def __len__(self) -> int:
         with self._env.begin() as txn:

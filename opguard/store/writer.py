@@ -8,6 +8,7 @@ its last committed batch: at most ``flush_interval`` seconds of ops are lost.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -107,11 +108,12 @@ class TraceWriter:
             with self._lock:
                 batch, self._pending = self._pending, []
             batch += self._kernel_items(final=False)
-            if batch and self.error is None:
+            if batch:
                 try:
                     self._commit(batch)
                 except BaseException as exc:  # keep the training alive; close() reports it
                     self.error = exc
+                    return
             if closing:
                 return
 
@@ -156,21 +158,44 @@ class TraceWriter:
         """Writes an ``info`` entry with the next batch (e.g. a recorder failure)."""
         self._put_later("info", key.encode(), value)
 
+    def failure_message(self) -> str:
+        """What a write error means for the trace, in one line."""
+        held = (
+            f"it holds ops 0 to {self.records_written - 1}"
+            if self.records_written
+            else "it holds no op"
+        )
+        return (
+            f"the trace could not be written ({type(self.error).__name__}: {self.error}; "
+            f"disk full or over a file size limit?): {held}, later ops are not recorded"
+        )
+
     def close(self, end_info: dict[str, Any]) -> BaseException | None:
         """Flushes everything, writes the ``end`` record, syncs and closes. Returns the write
         error that stopped the writer early, if any."""
         self._closing = True
         self._wake.set()
         self._thread.join()
+        with self._lock:
+            batch, self._pending = self._pending, []
+        end = ("info", b"end", {**end_info, "ended": time.time()})
         if self.error is None:
             try:
-                with self._lock:
-                    batch, self._pending = self._pending, []
                 batch += self._kernel_items(final=True)
-                batch.append(("info", b"end", {**end_info, "ended": time.time()}))
-                self._commit(batch)
-                self._env.sync(True)
+                self._commit([*batch, end])
             except BaseException as exc:
                 self.error = exc
+        if self.error is not None:
+            self._salvage([item for item in batch if item[0] == "info"], end)
+        with contextlib.suppress(lmdb.Error):
+            self._env.sync(True)
         self._env.close()
         return self.error
+
+    def _salvage(self, info: list[tuple[str, bytes, Any]], end: tuple[str, bytes, Any]) -> None:
+        """After a failed write, tries to record why and where the trace ends: a small
+        transaction may still fit in pages LMDB freed earlier. What was committed before
+        stays readable either way."""
+        failure = ("info", b"write_failure", self.failure_message())
+        with contextlib.suppress(lmdb.Error, OSError):
+            self._commit([*info, failure, end])

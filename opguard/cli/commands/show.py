@@ -33,9 +33,14 @@ def rank_summary(trace: RankTrace) -> dict[str, Any]:
         step_values[raw.get("s", 0)] += 1
         count += 1
     end = trace.info.get("end")
-    # Completed optimizer steps, as the recorder counted them; ops after the last step (a final
-    # loss.item(), evaluation) are counted apart rather than as one more step.
-    steps = end["steps"] if end and isinstance(end.get("steps"), int) else len(step_values)
+    if not isinstance(end, dict):
+        end = None
+    write_failure = trace.info.get("write_failure")
+    # Completed optimizer steps, as the recorder counted them (unless recording stopped early:
+    # then the steps the trace holds); ops after the last step (a final loss.item(),
+    # evaluation) are counted apart rather than as one more step.
+    counted = end and isinstance(end.get("steps"), int) and not (trace.failure or write_failure)
+    steps = end["steps"] if end and counted else len(step_values)
     summary: dict[str, Any] = {
         "rank": trace.rank,
         "ops": count,
@@ -43,13 +48,21 @@ def rank_summary(trace: RankTrace) -> dict[str, Any]:
         "ops_after_last_step": sum(n for s, n in step_values.items() if s >= steps),
         "phases": dict(phases),
         "finished": trace.finished,
+        "partial": trace.partial,
     }
+    last = trace.last_op()
+    if last is not None:
+        summary["last_op"] = {"index": last[0], "step": last[1]}
     if end:
         summary["end"] = end.get("status")
         if end.get("stopped"):
             summary["stopped"] = end["stopped"]
+        if end.get("error"):
+            summary["error"] = end["error"]
     if trace.failure:
         summary["recorder_failure"] = trace.failure
+    if write_failure:
+        summary["write_failure"] = write_failure
     if trace.damage:
         summary["damage"] = trace.damage
     return summary
