@@ -330,6 +330,13 @@ def diff_runs(
         ]
         where = f"only in run {has[0]}" if len(has) == 1 else "in neither run"
         raise TraceError(f"step {step} was recorded {where}: nothing to compare")
+    for r in results:
+        if r.aligned == 0 and r.only_a and r.only_b:
+            # No first difference to name when nothing corresponds: not "identical" either.
+            raise TraceError(
+                f"rank {r.rank}: the runs have no op in common ({r.only_a} compared ops in A, "
+                f"{r.only_b} in B): traces of two different programs?"
+            )
     return RunDiff(str(run_a.path), str(run_b.path), run_a.meta, run_b.meta, results)
 
 

@@ -302,6 +302,10 @@ def _slice(columns: OpColumns, lo: int, hi: int, step: int) -> OpColumns:
 def hashable(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(hashable(v) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((k, hashable(v)) for k, v in value.items()))
+    if isinstance(value, dict):  # keys of mixed types (a damaged record) order by type first
+        return tuple(sorted(((k, hashable(v)) for k, v in value.items()), key=_key_order))
     return value
+
+
+def _key_order(item: tuple[Any, Any]) -> tuple[str, Any]:
+    return type(item[0]).__name__, item[0]

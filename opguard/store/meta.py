@@ -35,6 +35,42 @@ ENV_ALLOW_LIST = (
 )
 
 
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+# The fields readers use, and what each must be when present (None is always allowed): a
+# meta.json edited by hand or damaged is refused with the field's name, not met by a crash.
+FIELD_CHECKS = {
+    "command": _strings,
+    "argv": _strings,
+    "devices": _strings,
+    "env": lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+    "status": _text,
+    "error": _text,
+    "stopped": _text,
+    "recorder_failure": _text,
+    "cwd": _text,
+    "host": _text,
+    "python": _text,
+    "torch": _text,
+    "cuda": _text,
+    "started": _number,
+    "ended": _number,
+    "exit_code": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "steps": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "world_size": lambda v: isinstance(v, int) and not isinstance(v, bool),
+}
+
+
 def recorded_environment() -> dict[str, str]:
     return {k: os.environ[k] for k in ENV_ALLOW_LIST if k in os.environ}
 
@@ -61,6 +97,9 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise TraceError(f"{path}: unreadable run metadata (not an object)")
     check_schema(meta.get("schema"), run_dir)
+    for name, check in FIELD_CHECKS.items():
+        if meta.get(name) is not None and not check(meta[name]):
+            raise TraceError(f"{path}: damaged run metadata (field {name!r})")
     return meta
 
 

@@ -220,7 +220,7 @@ class RankTrace:
     def decode(self, raw: Any) -> OpRecord:
         """The op record ``raw`` (as unpacked from the trace); :class:`DamagedRecord` when it
         is not one."""
-        raw = check_op(raw)
+        raw = check_op(raw, tensors=False)  # each tensor entry is checked as it is decoded
         site = raw.get("c")
         return OpRecord(
             index=raw["i"],
@@ -262,7 +262,7 @@ class RankTrace:
                     index = _op_index(key)
                     if stop is not None and index >= stop:
                         return
-                    yield _unpack(value)
+                    yield check_op(_unpack(value), tensors=False)
         except (lmdb.Error, DamagedRecord) as exc:
             self.damage = f"reading stopped at a damaged record: {exc}"
 

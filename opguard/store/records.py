@@ -222,14 +222,20 @@ OP_FIELDS: dict[str, Any] = {
     "y": _is_list_of(_is_tensor),
     "r": _is_optional(lambda v: type(v) is int and 0 <= v < 1 << 64),
 }
+OP_FIELDS_SHALLOW = {
+    **OP_FIELDS,
+    "x": lambda v: type(v) is list,
+    "y": lambda v: type(v) is list,
+}
 REQUIRED_OP_FIELDS = ("i", "o")
 
 
-def check_op(raw: Any) -> dict[str, Any]:
+def check_op(raw: Any, *, tensors: bool = True) -> dict[str, Any]:
     """``raw`` if it is an op record as the recorder writes it (the fields readers use, with
     their types); else :class:`DamagedRecord`. Fields the reader does not know are ignored, so
-    a later recorder may add some."""
-    _check_fields(raw, OP_FIELDS, "op record")
+    a later recorder may add some. ``tensors=False`` leaves the tensor entries to
+    :meth:`TensorRecord.decode` (a cheaper check for readers of the top-level fields)."""
+    _check_fields(raw, OP_FIELDS if tensors else OP_FIELDS_SHALLOW, "op record")
     missing = [name for name in REQUIRED_OP_FIELDS if name not in raw]
     if missing:
         raise DamagedRecord(f"op record without field(s) {', '.join(missing)}")

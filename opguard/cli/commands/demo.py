@@ -34,7 +34,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     root = Path(args.dir).resolve()
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CommandError(
+            f"{args.dir}: cannot create the demo directory ({exc.strerror})"
+        ) from None
     runs = []
     for name, script in SCRIPTS:
         run_dir = root / name

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from ...store import TraceError
@@ -60,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
             job, Path(args.output), steps=args.steps, overwrite=args.overwrite, command=command
         )
     if args.module:
+        if not _module_found(args.module):
+            raise CommandError(f"{args.module}: no such module")
         target = Target(args.module, target_args, is_module=True)
     else:
         if not target_args:
@@ -95,3 +99,17 @@ def _run_elsewhere(args: argparse.Namespace, target_args: list[str]) -> int:
         forwarded += ["-m", args.module]
     forwarded += ["--", *target_args]
     return subprocess.run([python, "-m", "opguard.recorder.launch", *forwarded]).returncode
+
+
+def _module_found(name: str) -> bool:
+    """Whether ``-m NAME``'s top-level package exists where ``python -m`` looks (the current
+    directory first). Only the top level is looked up: finding ``pkg.train`` would import
+    ``pkg`` before the recording starts, and its ops would go unrecorded."""
+    top = name.partition(".")[0]
+    sys.path.insert(0, os.getcwd())
+    try:
+        return bool(top) and importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        return False
+    finally:
+        sys.path.pop(0)
