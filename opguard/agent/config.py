@@ -22,7 +22,7 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
-from .secrets import Secret
+from .secrets import Secret, redact
 
 DEFAULT_BUDGET_USD = 0.05
 DEFAULT_MAX_TOKENS = 40_000
@@ -153,7 +153,10 @@ def resolve_settings(
             values[name] = convert(raw)
         except (TypeError, ValueError) as exc:
             shown = "(hidden)" if name == "api_key" else repr(raw)
-            raise ConfigError(f"{name} from {origin}: {shown} is not valid ({exc})") from None
+            keys = [Secret(str(k)) for k in (flags.get("api_key"), from_file.get("api_key")) if k]
+            raise ConfigError(  # a key pasted into another setting is not shown either
+                redact(f"{name} from {origin}: {shown} is not valid ({exc})", keys)
+            ) from None
     key = values.pop("api_key", None)
     return AgentSettings(api_key=Secret(key) if key else None, **values)
 
