@@ -20,6 +20,8 @@ import os
 import struct
 from pathlib import Path
 
+import numpy as np
+
 from .errors import TraceError
 
 MAGIC = 0xBEEFC0DE
@@ -55,17 +57,21 @@ def check_snapshot(data_file: Path, txnid: int) -> None:
     """Checks the snapshot of transaction ``txnid`` of the LMDB file ``data_file``. Call it
     while a read transaction of that snapshot is open, so that a live writer cannot reuse its
     pages meanwhile."""
+    problem = None
     try:
         with open(data_file, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size < 2 * PAGE_HEADER + _META.size:
-                raise _Damaged("file too short for LMDB's header")
+                raise TraceError(f"{data_file.parent}: damaged trace (file too short for LMDB)")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                _Walker(data, size, txnid).walk_all()
-    except _Damaged as exc:
-        raise TraceError(f"{data_file.parent}: damaged trace ({exc})") from None
+                try:
+                    _Walker(data, size, txnid).walk_all()
+                except _Damaged as exc:  # handled here: its frames hold views of the map
+                    problem = str(exc)
     except (OSError, ValueError) as exc:
         raise TraceError(f"{data_file.parent}: unreadable trace ({exc})") from None
+    if problem is not None:
+        raise TraceError(f"{data_file.parent}: damaged trace ({problem})")
 
 
 class _Walker:
@@ -116,17 +122,13 @@ class _Walker:
             return named
         if not 1 <= depth <= MAX_DEPTH:
             raise _Damaged(f"database {name}: implausible depth {depth}")
-        counted = 0
         level = [root]
-        for height in range(1, depth + 1):
-            leaf = height == depth
-            below: list[int] = []
-            for pgno in level:
-                if leaf:
-                    counted += self._leaf(pgno, name, named if subdatabases else None)
-                else:
-                    below += self._branch(pgno, name)
-            level = below
+        for _ in range(depth - 1):
+            level = [child for pgno in level for child in self._branch(pgno, name)]
+        if subdatabases:
+            counted = sum(self._leaf(pgno, name, named) for pgno in level)
+        else:
+            counted = self._leaves(level, name)
         if counted != entries:
             raise _Damaged(f"database {name}: {counted} entries found, {entries} recorded")
         return named
@@ -188,8 +190,60 @@ class _Walker:
                 named.append((key, bytes(self.data[value : value + dsize])))
         return len(nodes)
 
+    def _leaves(self, pgnos: list[int], name: str) -> int:
+        """:meth:`_leaf`'s checks for many leaf pages at once, as array operations: a trace's
+        ops database has a leaf page per few records, too many to check one by one in
+        Python. Returns the number of nodes."""
+        psize = self.psize
+        pages = np.asarray(pgnos, dtype=np.int64)
+        if pages.size and (pages.min() < 2 or pages.max() >= self.pages):
+            raise _Damaged(f"database {name}: a leaf page out of range")
+        data = np.frombuffer(self.data, dtype=np.uint8)
+        offsets = pages * psize
+        stored, flags = _gather(data, offsets, 8), _gather(data, offsets + 10, 2)
+        lower, upper = _gather(data, offsets + 12, 2), _gather(data, offsets + 14, 2)
+        bad = (stored != pages.astype(np.uint64)) | (
+            flags & (P_BRANCH | P_LEAF | P_OVERFLOW) != P_LEAF
+        )
+        bad |= (lower < PAGE_HEADER) | (lower > upper) | (upper > psize) | (lower % 2 == 1)
+        bad |= lower == PAGE_HEADER  # an empty leaf
+        if bad.any():
+            raise _Damaged(f"database {name}: page {pages[bad.argmax()]} has a damaged header")
+        counts = ((lower - PAGE_HEADER) // 2).astype(np.int64)
+        page_of = np.repeat(offsets, counts)
+        first = np.repeat(np.cumsum(counts) - counts, counts)
+        slot = np.arange(page_of.size, dtype=np.int64) - first
+        ptr = _gather(data, page_of + PAGE_HEADER + 2 * slot, 2).astype(np.int64)
+        bad = (ptr < np.repeat(upper, counts).astype(np.int64)) | (ptr > psize - NODE_HEADER)
+        if bad.any():
+            raise _Damaged(
+                f"database {name}: page {page_of[bad.argmax()] // psize} has a damaged node pointer"
+            )
+        node = page_of + ptr
+        lo, hi = _gather(data, node, 2), _gather(data, node + 2, 2)
+        node_flags, ksize = _gather(data, node + 4, 2), _gather(data, node + 6, 2)
+        value_end = ptr + NODE_HEADER + ksize.astype(np.int64)
+        big = (node_flags & F_BIGDATA) != 0
+        dsize = (lo | hi << 16).astype(np.int64)
+        bad = (node_flags & (F_DUPDATA | F_SUBDATA)) != 0
+        bad |= value_end + np.where(big, _PGNO.size, dsize) > psize
+        if bad.any():
+            raise _Damaged(
+                f"database {name}: page {page_of[bad.argmax()] // psize} has a damaged node"
+            )
+        for at, size in zip(node[big] + NODE_HEADER + ksize[big], dsize[big], strict=True):
+            (first_page,) = _PGNO.unpack_from(self.data, int(at))
+            self._overflow(first_page, int(size), name)
+        return int(page_of.size)
+
     def _overflow(self, pgno: int, dsize: int, name: str) -> None:
         offset, _, _ = self._page(pgno, name, P_OVERFLOW)
         (count,) = _OVERFLOW_PAGES.unpack_from(self.data, offset + 12)
         if count < 1 or pgno + count > self.pages or PAGE_HEADER + dsize > count * self.psize:
             raise _Damaged(f"database {name}: overflow page {pgno} has a damaged size")
+
+
+def _gather(data: np.ndarray, positions: np.ndarray, width: int) -> np.ndarray:
+    """The little-endian unsigned integers of ``width`` bytes at each of ``positions``."""
+    raw = data[positions[:, None] + np.arange(width)]
+    return np.ascontiguousarray(raw).view(f"<u{width}").ravel()
