@@ -393,7 +393,7 @@ bool GpuFingerprinter::wait_for_space(uint64_t blocks, double timeout_s) {
         return true;
       }
     }
-    if (seconds_since(t0) > timeout_s) return false;
+    if (timeout_s <= 0 || seconds_since(t0) > timeout_s) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 }
@@ -430,6 +430,7 @@ Ticket GpuFingerprinter::launch(const TensorView& view, int device, uintptr_t st
   const uint64_t blocks = std::max<uint64_t>(
       1, std::min<uint64_t>(max_blocks_, (a.nwords + per_block - 1) / per_block));
   if (!wait_for_space(blocks, timeout_s)) {
+    if (timeout_s <= 0) return Ticket{};
     throw std::runtime_error("fingerprint results were not collected in time (ring full)");
   }
   Ticket t;
@@ -513,11 +514,10 @@ Fingerprint GpuFingerprinter::collect(const Ticket& t, double timeout_s) {
   const uint8_t* head = heads_ + (t.head_slot % head_capacity_) * kHeadBytes;
   fp.head.assign(head, head + t.head_bytes);
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& o : outstanding_) {
-    if (o.seq == t.seq) {
-      o.collected = true;
-      break;
-    }
+  // Tickets are queued in launch order with consecutive sequence numbers.
+  if (!outstanding_.empty() && t.seq >= outstanding_.front().seq) {
+    const uint64_t at = t.seq - outstanding_.front().seq;
+    if (at < outstanding_.size()) outstanding_[at].collected = true;
   }
   reclaim();
   return fp;

@@ -52,7 +52,9 @@ class GpuFingerprinter {
   GpuFingerprinter& operator=(const GpuFingerprinter&) = delete;
 
   // Enqueues the fingerprint of a device tensor on `stream` (a cudaStream_t as an integer) of
-  // `device`. Waits (up to `timeout_s`) only when the result rings are full.
+  // `device`. Waits (up to `timeout_s`) only when the result rings are full; with a timeout of
+  // zero it never waits and returns a ticket with `seq == 0` instead (the caller may then wait
+  // without holding locks the collecting thread needs, e.g. Python's GIL).
   Ticket launch(const TensorView& view, int device, uintptr_t stream, int64_t head_elements,
                 double timeout_s);
   bool ready(const Ticket& t) const;

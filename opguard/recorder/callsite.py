@@ -45,8 +45,10 @@ def _classifier() -> list[tuple[tuple[str, ...], bool]]:
 
 
 class CallSites:
-    """Interns call sites and stacks into a trace. Runs for every forward op, so it caches
-    whether a code object is user code and the site id of a (code, line)."""
+    """Interns call sites and stacks into a trace. Runs for every forward op over the whole
+    Python stack, so it caches whether a code object is user code and the site id of each
+    (code, instruction offset): ``f_lasti`` is a plain read, where ``f_lineno`` decodes the line
+    table on every access."""
 
     def __init__(self, writer: TraceWriter) -> None:
         self._writer = writer
@@ -60,12 +62,13 @@ class CallSites:
         real = os.path.realpath(filename) if os.path.isabs(filename) else filename
         return next((u for prefixes, u in self._rules if real.startswith(prefixes)), True)
 
-    def _site_id(self, code: CodeType, line: int) -> int:
+    def _site_id(self, frame: FrameType) -> int:
+        code, line = frame.f_code, frame.f_lineno or 0
         filename, function = code.co_filename, code.co_name
         ident = self._writer.intern_site(
             (filename, line, function), lambda: _site_payload(filename, line, function)
         )
-        self._site_ids[(code, line)] = ident
+        self._site_ids[(code, frame.f_lasti)] = ident
         return ident
 
     def capture(self) -> tuple[int, int] | None:
@@ -79,9 +82,8 @@ class CallSites:
             if user is None:
                 user = user_code[code] = self._user_file(code.co_filename)
             if user:
-                line = f.f_lineno or 0
-                ident = site_ids.get((code, line))
-                sites.append(ident if ident is not None else self._site_id(code, line))
+                ident = site_ids.get((code, f.f_lasti))
+                sites.append(ident if ident is not None else self._site_id(f))
             f = f.f_back
         if not sites:
             return None
