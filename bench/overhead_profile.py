@@ -1,7 +1,11 @@
-"""Where the host time of a recorded GPU training step goes: the GPT-2 step of
-``bench/overhead.py`` recorded under cProfile (training thread only), top functions by own time.
+"""Where the host time of a recorded GPU training step goes, for the GPT-2 step of
+``bench/overhead.py``: CPU time per step of each thread of the process (the training thread,
+autograd's device threads, OpGuard's trace writer), then the recorded steps under cProfile, top
+functions by own time (Python 3.12's cProfile sees every thread); then, with ``--gpu``, the
+GPU time of the recorded steps by kernel from torch.profiler (OpGuard's own kernel collection
+off, since both use CUPTI): how much of the device's time the fingerprint kernels take.
 
-cProfile slows Python code several-fold, so read the shares, not the absolute times.
+cProfile slows Python code several-fold, so read its shares, not its absolute times.
 
     python bench/overhead_profile.py [--steps 3] [--top 25] [--batch 8] [--seq 1024]
 """
@@ -10,8 +14,11 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -26,13 +33,28 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--gpu", action="store_true", help="also GPU time by kernel")
     args = parser.parse_args()
 
     step, _ = build(args.batch, args.seq)
     step()  # warm-up outside the recording
-    with tempfile.TemporaryDirectory() as workdir, opguard.record(Path(workdir) / "run"):
+    with tempfile.TemporaryDirectory() as workdir, opguard.record(Path(workdir) / "run") as run:
         step()
         torch.cuda.synchronize()
+        before = thread_cpu_seconds()
+        for _ in range(args.steps):
+            step()
+        torch.cuda.synchronize()
+        after = thread_cpu_seconds()
+        names = {
+            threading.main_thread().native_id: "training (main)",
+            run.writer._thread.native_id: "opguard writer",
+        }
+        print("CPU ms per recorded step, by thread:")
+        used = {tid: after[tid][1] - before.get(tid, ("", 0.0))[1] for tid in after}
+        for tid, seconds in sorted(used.items(), key=lambda item: -item[1])[:8]:
+            name = names.get(tid, after[tid][0])
+            print(f"  {name:<24} {seconds / args.steps * 1e3:8.1f}")
         profile = cProfile.Profile()
         profile.enable()
         for _ in range(args.steps):
@@ -40,6 +62,40 @@ def main() -> None:
         torch.cuda.synchronize()
         profile.disable()
     pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
+    if args.gpu:
+        gpu_time_by_kernel(step, args.steps, args.top)
+
+
+def gpu_time_by_kernel(step: Callable[[], float], steps: int, top: int) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    os.environ["OPGUARD_KERNELS"] = "0"
+    with tempfile.TemporaryDirectory() as workdir, opguard.record(Path(workdir) / "run"):
+        step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_time_total > 0]
+    total = sum(e.device_time_total for e in kernels)
+    print(f"GPU kernel time per recorded step: {total / steps / 1e3:.1f} ms")
+    for e in sorted(kernels, key=lambda e: -e.device_time_total)[:top]:
+        print(f"  {e.device_time_total / steps / 1e3:8.2f} ms {e.count // steps:6d}x  {e.key[:90]}")
+
+
+def thread_cpu_seconds() -> dict[int, tuple[str, float]]:
+    """(name, user + system CPU seconds) of every thread of this process, from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / ticks)
+    return out
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ struct Args {
   int32_t head_bytes;
   Partial* partials;
   uint8_t* head;
-  uint32_t seq;
+  uint64_t seq;
 };
 
 void check(cudaError_t err, const char* what) {
@@ -350,7 +350,7 @@ GpuFingerprinter::GpuFingerprinter(uint64_t partial_capacity, uint64_t head_capa
   check(cudaHostAlloc(reinterpret_cast<void**>(&heads_), head_capacity * kHeadBytes,
                       cudaHostAllocMapped | cudaHostAllocPortable),
         "allocating the head-bytes ring");
-  for (uint64_t i = 0; i < partial_capacity; ++i) partials_[i].seq = 0xFFFFFFFFu;
+  for (uint64_t i = 0; i < partial_capacity; ++i) partials_[i].seq = ~0ull;
   int device = 0, sms = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
@@ -451,8 +451,7 @@ Ticket GpuFingerprinter::launch(const TensorView& view, int device, uintptr_t st
   t.head_bytes = a.head_bytes;
   a.partials = partials_ + (t.first % partial_capacity_);
   a.head = heads_ + (t.head_slot % head_capacity_) * kHeadBytes;
-  a.seq = static_cast<uint32_t>(t.seq);
-  for (uint64_t b = 0; b < blocks; ++b) a.partials[b].seq = 0xFFFFFFFFu;
+  a.seq = t.seq;
   if (numel == 0) {  // nothing to read: complete on the host
     for (uint64_t b = 0; b < blocks; ++b) {
       Partial& p = a.partials[b];
@@ -479,9 +478,8 @@ Ticket GpuFingerprinter::launch(const TensorView& view, int device, uintptr_t st
 
 bool GpuFingerprinter::ready(const Ticket& t) const {
   const Partial* p = partials_ + (t.first % partial_capacity_);
-  const uint32_t want = static_cast<uint32_t>(t.seq);
   for (uint32_t b = 0; b < t.blocks; ++b) {
-    if (p[b].seq != want) return false;
+    if (p[b].seq != t.seq) return false;
   }
   return true;
 }
