@@ -18,6 +18,7 @@ import os
 import pstats
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,6 +39,10 @@ def main() -> None:
 
     step, _ = build(args.batch, args.seq)
     step()  # warm-up outside the recording
+    if args.gpu:  # first: CUPTI allows one subscriber, and kernel collection would be it
+        gpu_time_by_kernel(step, args.steps, args.top)
+        return
+    host_costs()
     with tempfile.TemporaryDirectory() as workdir, opguard.record(Path(workdir) / "run") as run:
         step()
         torch.cuda.synchronize()
@@ -62,8 +67,6 @@ def main() -> None:
         torch.cuda.synchronize()
         profile.disable()
     pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
-    if args.gpu:
-        gpu_time_by_kernel(step, args.steps, args.top)
 
 
 def gpu_time_by_kernel(step: Callable[[], float], steps: int, top: int) -> None:
@@ -82,6 +85,35 @@ def gpu_time_by_kernel(step: Callable[[], float], steps: int, top: int) -> None:
     print(f"GPU kernel time per recorded step: {total / steps / 1e3:.1f} ms")
     for e in sorted(kernels, key=lambda e: -e.device_time_total)[:top]:
         print(f"  {e.device_time_total / steps / 1e3:8.2f} ms {e.count // steps:6d}x  {e.key[:90]}")
+
+
+def host_costs() -> None:
+    """Host microseconds per call of the recorder's native GPU steps, next to a torch launch."""
+    from opguard.recorder.tensors import fingerprint_fields, resolve_all
+
+    def per_call(fn: Callable[[], object], n: int = 2000) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        elapsed = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        return elapsed / n * 1e6
+
+    print("host µs per call:")
+    for label, numel in (("4 KiB", 1 << 10), ("24 MiB", 6 << 20)):
+        t = torch.randn(numel, device="cuda")
+        pending: list = []
+        launch = per_call(lambda t=t: t.add_(0))
+        fingerprint = per_call(lambda t=t, pending=pending: pending.append(fingerprint_fields(t)))
+        t0 = time.perf_counter()
+        resolve_all(pending)
+        resolve = (time.perf_counter() - t0) / len(pending) * 1e6
+        print(f"  torch add_ (one launch)    {label:<7} {launch:8.2f}")
+        print(f"  fingerprint_fields         {label:<7} {fingerprint:8.2f}")
+        print(f"  resolve_all, per tensor    {label:<7} {resolve:8.2f}")
+    stream = torch._C._cuda_getCurrentRawStream
+    print(f"  _cuda_getCurrentRawStream         {per_call(lambda: stream(0)):8.2f}")
 
 
 def thread_cpu_seconds() -> dict[int, tuple[str, float]]:
