@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "callstack.h"
 #include "fingerprint_cpu.h"
 #include "opscan.h"
 #if OPGUARD_WITH_CUDA
@@ -192,6 +193,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("cuda_status", &cuda_status,
         "(usable, reason): whether GPU fingerprints can run here, and why not.");
   opguard::bind_opscan(m);
+  opguard::bind_callstack(m);
 #if OPGUARD_WITH_CUDA
   bind_cuda(m);
 #endif
