@@ -11,6 +11,10 @@ is host-bound (the GPU waits for launches); otherwise the cost is GPU work.
 Modes are interleaved in rounds after a warm-up so clock and thermal drift hit all alike; each
 figure is the median step time. Prints a table and writes JSON next to it with --json PATH.
 
+Under torchrun (``torchrun --nproc-per-node 2 bench/overhead.py``) every rank trains the model
+wrapped in DistributedDataParallel over NCCL, one GPU each, and rank 0 reports its own times
+(DDP's all-reduces keep the ranks in step).
+
     python bench/overhead.py [--steps 6] [--rounds 3] [--batch 8] [--seq 1024] [--json out.json]
 """
 
@@ -34,17 +38,32 @@ import opguard
 from opguard.store import Run
 
 
+def distributed() -> bool:
+    """Whether this process is one rank of a torchrun job (then NCCL is initialised)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    if not torch.distributed.is_initialized():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        torch.distributed.init_process_group("nccl")
+    return True
+
+
 def build(batch: int, seq: int) -> tuple[Callable[[], float], torch.nn.Module]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_positions=seq)).cuda()
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    trained: torch.nn.Module = model
+    if distributed():
+        from torch.nn.parallel import DistributedDataParallel
+
+        trained = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
+    opt = torch.optim.AdamW(trained.parameters(), lr=1e-4)
     tokens = torch.randint(0, model.config.vocab_size, (batch, seq), device="cuda")
 
     def step() -> float:
-        out = model(tokens, labels=tokens)
+        out = trained(tokens, labels=tokens)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         opt.step()
@@ -87,13 +106,21 @@ def main() -> None:
     args = parser.parse_args()
 
     step, _ = build(args.batch, args.seq)
-    workdir = Path(tempfile.mkdtemp(prefix="opguard-bench-"))
+    if distributed():  # one run directory shared by the ranks, each writing its rank-K
+        job = os.environ.get("TORCHELASTIC_RUN_ID", "job")
+        workdir = Path(tempfile.gettempdir()) / f"opguard-bench-{job}"
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix="opguard-bench-"))
     traces: list[Path] = []
+
+    writers: list = []
 
     def recording() -> AbstractContextManager:
         path = workdir / f"run{len(traces)}"
         traces.append(path)
-        return opguard.record(path)
+        session = opguard.record(path)
+        writers.append(session)
+        return session
 
     def debugmode() -> AbstractContextManager:
         from torch.utils._debug_mode import DebugMode
@@ -152,6 +179,9 @@ def main() -> None:
     ops = len(last.rank(0))
     trace_bytes = sum(f.stat().st_size for f in traces[-1].rglob("*.mdb"))
     steps_recorded = args.steps
+    records = sum(session.writer.records_written for session in writers)
+    written = sum(session.writer.bytes_written for session in writers)
+    busy = sum(session.writer.busy_seconds for session in writers)
     plain = statistics.median(times["plain"])
     rows = {}
     for name in modes:
@@ -174,10 +204,18 @@ def main() -> None:
         "trace_bytes_per_step": trace_bytes / steps_recorded,
         # two recording modes, each with two warm-up steps
         "fingerprint_launches_per_step": launches / (2 * (args.steps * args.rounds + 2)),
+        "writer_records_per_s": records / busy,
+        "writer_bytes_per_s": written / busy,
+        "world_size": torch.distributed.get_world_size() if distributed() else 1,
         "modes": rows,
     }
+    if distributed():
+        torch.distributed.barrier()
+        if torch.distributed.get_rank() != 0:
+            return
     print(
         f"GPT-2 124M, batch {args.batch} x {args.seq}, {result['device']}, torch {torch.__version__}"
+        f", {result['world_size']} rank(s)"
     )
     print(
         f"{'mode':<18} {'median step':>12} {'ratio':>7} {'host':>9} {'peak GiB':>9} {'peak ratio':>10}"
@@ -188,7 +226,8 @@ def main() -> None:
             f"{row['host_s'] * 1e3:>7.1f}ms {row['peak_gib']:>9.2f} {row['peak_ratio']:>10.3f}"
         )
     print(
-        f"ops per step {result['ops_per_step']:.0f}, trace {trace_bytes / steps_recorded / 2**20:.2f} MiB per step"
+        f"ops per step {result['ops_per_step']:.0f}, trace {trace_bytes / steps_recorded / 2**20:.2f} MiB per step, "
+        f"writer {records / busy:,.0f} records/s ({written / busy / 2**20:.1f} MiB/s) while busy"
     )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
