@@ -199,3 +199,16 @@ def test_ddp_rank_local_tf32_names_the_origin_rank(tmp_path: Path) -> None:
     assert rank_1["role"] == "origin"
     assert rank_0["role"] == "receiver"
     assert rank_0["collective"]["op"].startswith("c10d::allreduce")
+
+
+def test_stream_race_shows_the_read_before_the_write(tmp_path: Path) -> None:
+    """Run B reads on a side stream without waiting for the default stream's write: the read is
+    an origin (same recorded inputs, other outputs), and the evidence is its kernel starting on
+    another stream before the writer's kernel ended."""
+    _record("stream_race.py", tmp_path / "a", "sync")
+    _record("stream_race.py", tmp_path / "b", "race")
+    first = _diff(tmp_path / "a", tmp_path / "b")["first_divergence"]
+    assert first["kind"] == "origin"
+    assert first["a"]["op"].startswith("aten::sum")
+    assert first["stream_race"] and first["stream_race"].startswith("run B:")
+    assert "aten::copy_" in first["stream_race"]
