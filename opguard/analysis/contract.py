@@ -122,6 +122,7 @@ def to_json(result: RunDiff) -> dict[str, Any]:
         "unaligned_b": sum(r.only_b for r in result.ranks),
         "runs": {"a": result.path_a, "b": result.path_b},
         "ranks": [rank_json(r) for r in result.ranks],
-        "notes": [n for r in result.ranks for n in r.notes],
+        "notes": result.notes,
         "origin_ranks": result.origin_ranks,
+        "ranks_only_in": {"a": result.only_in_a, "b": result.only_in_b},
     }

@@ -285,6 +285,25 @@ class RunDiff:
     meta_a: dict[str, Any]
     meta_b: dict[str, Any]
     ranks: list[RankDiff]
+    # Ranks recorded in one run only (runs of different world sizes): listed, not compared.
+    only_in_a: list[int] = field(default_factory=list)
+    only_in_b: list[int] = field(default_factory=list)
+
+    @property
+    def uncompared(self) -> list[str]:
+        """One line per rank recorded in one run only."""
+        compared = len(self.ranks)
+        sizes = f"{compared + len(self.only_in_a)} vs {compared + len(self.only_in_b)}"
+        return [
+            f"rank {k} was recorded only in run {name} (ranks {sizes}): not compared"
+            for name, only in (("A", self.only_in_a), ("B", self.only_in_b))
+            for k in only
+        ]
+
+    @property
+    def notes(self) -> list[str]:
+        """What could not be compared across ranks, then each compared rank's notes."""
+        return self.uncompared + [n for r in self.ranks for n in r.notes]
 
     @property
     def first(self) -> Divergence | None:
@@ -330,7 +349,16 @@ def diff_runs(
         ]
         where = f"only in run {has[0]}" if len(has) == 1 else "in neither run"
         raise TraceError(f"step {step} was recorded {where}: nothing to compare")
-    return RunDiff(str(run_a.path), str(run_b.path), run_a.meta, run_b.meta, results)
+    compared_all = rank is None
+    return RunDiff(
+        str(run_a.path),
+        str(run_b.path),
+        run_a.meta,
+        run_b.meta,
+        results,
+        only_in_a=sorted(set(run_a.ranks) - set(run_b.ranks)) if compared_all else [],
+        only_in_b=sorted(set(run_b.ranks) - set(run_a.ranks)) if compared_all else [],
+    )
 
 
 def _diff_in_parallel(

@@ -113,6 +113,8 @@ def print_diff(result: RunDiff) -> None:
         )
         for note in r.notes:
             console.print(f"    note: {escape(note)}")
+    for note in result.uncompared:
+        console.print(f"  note: {escape(note)}")
 
 
 def _print_roles(result: RunDiff) -> None:

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..store import schema
@@ -36,6 +38,7 @@ Pending = list[tuple[Fields, PendingFields]]  # entries whose GPU fingerprint is
 # differ between runs of the same program.
 UNRECORDED_NAMESPACES = frozenset({"profiler"})
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+DATALESS_TENSORS = (FakeTensor, FunctionalTensor)
 
 
 class StepState:
@@ -77,6 +80,10 @@ class OpRecorder(TorchDispatchMode):
         if not self.active or func.namespace in UNRECORDED_NAMESPACES:
             return func(*args, **kwargs)
         if any(t not in PLAIN_TENSORS for t in types):
+            if any(issubclass(t, DATALESS_TENSORS) for t in types):
+                # Fake and functional tensors (DTensor's sharding propagation, tracing) hold no
+                # data, and refuse to run while another mode is active: run them unrecorded.
+                return func(*args, **kwargs)
             # A tensor subclass (the functional collectives' AsyncCollectiveTensor, DTensor)
             # may hold no storage to read: let it unwrap itself; the ops it runs on plain
             # tensors come back through this mode and are recorded.
@@ -262,7 +269,7 @@ class OpRecorder(TorchDispatchMode):
     ) -> None:
         entry = describe(tensor, slot)
         fields: Fields | PendingFields | None
-        if info.uninitialized_output:
+        if info.uninitialized_output or slot in info.uninitialized_slots:
             fields = {"f": schema.FLAG_UNINITIALIZED}
         elif self._in_flight:
             fields = None
