@@ -357,3 +357,19 @@ def _has_step(trace: RankTrace, step: int) -> bool:
         if raw.get("s", 0) >= step:
             return bool(raw.get("s", 0) == step)
     return False
+
+
+def aligned_index(trace_a: RankTrace, trace_b: RankTrace, index_a: int) -> int | None:
+    """The op of run B that the diff aligns with op ``index_a`` of run A (None: the op exists
+    only in A). Aligns only the step that holds the op."""
+    step = trace_a.op(index_a).step
+    table = KeyTable()
+    found = [
+        next((columns for _, columns in _steps(AlignReader(trace, table), step)), None)
+        for trace in (trace_a, trace_b)
+    ]
+    ops_a, ops_b = found
+    if ops_a is None or ops_b is None:
+        return None
+    pairs = _StepPairs(ops_a.index, ops_b.index, align_keys(ops_a.keys, ops_b.keys))
+    return pairs.maps()[0].get(index_a)

@@ -53,6 +53,7 @@ class CallSites:
         self._rules = _classifier()
         self._user_code: dict[CodeType, bool] = {}
         self._site_ids: dict[tuple[CodeType, int], int] = {}
+        self._locations: dict[int, tuple[str, int]] = {}  # site id -> (file, line)
 
     def _user_file(self, filename: str) -> bool:
         if filename.startswith("<frozen") or filename.startswith("<__array_function__"):
@@ -66,7 +67,12 @@ class CallSites:
             (filename, line, function), lambda: _site_payload(filename, line, function)
         )
         self._site_ids[(code, line)] = ident
+        self._locations[ident] = (filename, line)
         return ident
+
+    def location(self, ident: int) -> tuple[str, int] | None:
+        """(file, line) of an interned call site."""
+        return self._locations.get(ident)
 
     def capture(self) -> tuple[int, int] | None:
         """(call-site id, stack id) of the current Python stack, or None if no user frame."""

@@ -26,10 +26,19 @@ def _dtype_info(dtype: torch.dtype) -> tuple[str, int, int]:
     return info
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The stored name of a dtype (``float32``, ``bfloat16``)."""
+    return _dtype_info(dtype)[0]
+
+
 def describe(tensor: torch.Tensor, slot: str) -> dict[str, Any]:
     """Metadata only: what every entry has, read or not."""
-    name, _, _ = _dtype_info(tensor.dtype)
-    entry: dict[str, Any] = {"n": slot, "d": name, "s": list(tensor.shape), "v": str(tensor.device)}
+    entry: dict[str, Any] = {
+        "n": slot,
+        "d": dtype_name(tensor.dtype),
+        "s": list(tensor.shape),
+        "v": str(tensor.device),
+    }
     if tensor.layout == torch.strided:
         entry["t"] = list(tensor.stride())
     return entry

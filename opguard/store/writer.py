@@ -152,6 +152,11 @@ class TraceWriter:
             return []
         return [("kernels", schema.op_key(op), items) for op, items in sorted(by_op.items())]
 
+    def put_capture(self, key: bytes, value: Packer) -> None:
+        """Queues a captured tensor (see :mod:`opguard.store.captures`); ``value`` is called
+        on the writer thread, so compression never runs on the training thread."""
+        self._put_later("captures", key, value)
+
     def put_info(self, key: str, value: Any) -> None:
         """Writes an ``info`` entry with the next batch (e.g. a recorder failure)."""
         self._put_later("info", key.encode(), value)
