@@ -23,6 +23,7 @@ from .align import AlignReader, align_keys
 from .divergence import Divergence, Explainer
 from .keys import KeyTable, LightReader, OpColumns
 from .myers import Run as MatchRun
+from .nonfinite import Nonfinite, NonfiniteWatch, resolve
 from .roles import ORIGIN, Role, role_of
 
 UNALIGNED_EXAMPLES = 5
@@ -52,6 +53,9 @@ class RankDiff:
     unaligned_b: list[int] = field(default_factory=list)
     first: Divergence | None = None
     notes: list[str] = field(default_factory=list)
+    # Where NaN/Inf first appeared in each run (None: never, or not scanned: --step).
+    nonfinite_a: Nonfinite | None = None
+    nonfinite_b: Nonfinite | None = None
 
     @property
     def role(self) -> Role | None:
@@ -155,7 +159,10 @@ class _StepAlignments:
 
 def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None) -> RankDiff:
     table = KeyTable()
-    reader_a, reader_b = AlignReader(trace_a, table), AlignReader(trace_b, table)
+    # NaN/Inf origins come with the same scan; with --step the scan covers part of the runs.
+    watches = (NonfiniteWatch(), NonfiniteWatch()) if step is None else (None, None)
+    reader_a = AlignReader(trace_a, table, watches[0])
+    reader_b = AlignReader(trace_b, table, watches[1])
     result = RankDiff(rank=trace_a.rank)
     alignments = _StepAlignments(reader_a, reader_b)
     explainer = Explainer(trace_a, trace_b, alignments)
@@ -199,6 +206,9 @@ def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None
                 f"compared the first {getattr(result, counter)}"
             )
             setattr(result, counter, getattr(result, counter) + extra)
+    if watches[0] is not None and watches[1] is not None:
+        result.nonfinite_a = resolve(trace_a, watches[0])
+        result.nonfinite_b = resolve(trace_b, watches[1])
     for name, trace in (("A", trace_a), ("B", trace_b)):
         if not trace.finished:
             result.notes.append(

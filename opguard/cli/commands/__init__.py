@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from . import demo, diff, explain, record, show, tensor, tui
+from . import demo, diff, explain, nan, record, show, tensor, tui
 from .base import CommandError
 
-ALL = (record, show, diff, explain, demo, tui, tensor)
+ALL = (record, show, diff, explain, demo, tui, tensor, nan)
 
 __all__ = ["ALL", "CommandError"]
