@@ -248,7 +248,7 @@ class OpRecorder(TorchDispatchMode):
         written_ids = {id(t) for _, t in written}
         outputs: list[Fields] = []
         seen: set[int] = set()
-        for slot, tensor in _returned_tensors(out):
+        for slot, tensor in returned_tensors(out):
             self._output(index, info, slot, tensor, inputs, outputs, id(tensor) in written_ids)
             seen.add(id(tensor))
         for slot, tensor in written:
@@ -376,7 +376,7 @@ def failure_info(index: int, exc: BaseException) -> dict[str, Any]:
     }
 
 
-def _returned_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
+def returned_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
     """(slot, tensor) for every plain tensor an op returned, nested lists included. A tensor
     subclass wrapping another (``_c10d_functional::_wrap_tensor_autograd``) is left out: it
     may have no storage, and its content is recorded where it is unwrapped."""
