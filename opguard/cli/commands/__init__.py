@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from . import demo, diff, explain, nan, record, replay, show, tensor, tui
+from . import capture, demo, diff, explain, nan, record, replay, show, tensor, tui
 from .base import CommandError
 
-ALL = (record, show, diff, explain, demo, tui, tensor, replay, nan)
+ALL = (record, show, diff, explain, demo, tui, capture, tensor, replay, nan)
 
 __all__ = ["ALL", "CommandError"]
