@@ -282,11 +282,15 @@ class Replay:
 
     @property
     def suspects(self) -> list[str]:
-        """Devices (of several) none of whose results any other device produced."""
-        if len(self.devices) < 2:
+        """Devices (of several, each deterministic) whose result differs from the one most
+        devices give. A nondeterministic op explains differences by itself: none then."""
+        if len(self.devices) < 2 or not self.deterministic:
             return []
-        seen = Counter(r for d in self.devices for r in set(d.results))
-        return [d.device for d in self.devices if all(seen[r] == 1 for r in set(d.results))]
+        votes = Counter(d.results[0] for d in self.devices)
+        (majority, count), *rest = votes.most_common()
+        if rest and rest[0][1] == count:  # no majority (two GPUs that disagree): name both
+            return [d.device for d in self.devices]
+        return [d.device for d in self.devices if d.results[0] != majority]
 
     def findings(self) -> list[str]:
         """What the replay shows, in plain sentences, most telling first."""
@@ -305,7 +309,7 @@ class Replay:
                 )
         for device in self.suspects:
             found.append(
-                f"{device} gives a result no other GPU gives: suspect faulty hardware (silent "
+                f"{device} gives a result the other GPUs do not: suspect faulty hardware (silent "
                 "data corruption)"
             )
         if self.matches_a:
