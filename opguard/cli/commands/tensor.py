@@ -1,15 +1,19 @@
 """``opguard tensor RUN_A RUN_B --op INDEX [--input K | --output K] [--json]``: how the captured
-tensors of one op differ between two runs, element by element. Never imports torch."""
+tensors of one op differ between two runs, element by element. Never imports torch; numpy only
+when it runs (every command's module is imported to build the parser)."""
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from ...analysis.elementwise import ElementwiseDiff, compare
 from ...store import Run
 from ...store.captures import INPUT, OUTPUT
 from .base import CommandError, print_json
 from .oppair import add_op_arguments, captured, op_in_b, select
+
+if TYPE_CHECKING:
+    from ...analysis.elementwise import ElementwiseDiff
 
 SCHEMA = "opguard.tensor/1"
 
@@ -33,6 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ...analysis.elementwise import compare
+
     with Run(args.run_a) as run_a, Run(args.run_b) as run_b:
         trace_a, trace_b = run_a.rank(args.rank), run_b.rank(args.rank)
         op_a = trace_a.op(args.op)
