@@ -45,14 +45,18 @@ def _classifier() -> list[tuple[tuple[str, ...], bool]]:
 
 
 class CallSites:
-    """Interns call sites and stacks into a trace. Runs for every forward op, so it caches
-    whether a code object is user code and the site id of a (code, line)."""
+    """Interns call sites and stacks into a trace. Runs for every forward op over the whole
+    Python stack, so it caches whether a code object is user code and the site id of each
+    (code, instruction offset). Caches are keyed by ``id(code)``, not the code object, whose
+    hash is recomputed from its contents on every lookup; the code objects are kept alive in
+    ``_user_code`` so their ids cannot be reused. ``f_lasti`` is a plain read, where
+    ``f_lineno`` decodes the line table on every access."""
 
     def __init__(self, writer: TraceWriter) -> None:
         self._writer = writer
         self._rules = _classifier()
-        self._user_code: dict[CodeType, bool] = {}
-        self._site_ids: dict[tuple[CodeType, int], int] = {}
+        self._user_code: dict[int, tuple[CodeType, bool]] = {}
+        self._site_ids: dict[tuple[int, int], int] = {}
         self._locations: dict[int, tuple[str, int]] = {}  # site id -> (file, line)
 
     def _user_file(self, filename: str) -> bool:
@@ -61,12 +65,13 @@ class CallSites:
         real = os.path.realpath(filename) if os.path.isabs(filename) else filename
         return next((u for prefixes, u in self._rules if real.startswith(prefixes)), True)
 
-    def _site_id(self, code: CodeType, line: int) -> int:
+    def _site_id(self, frame: FrameType) -> int:
+        code, line = frame.f_code, frame.f_lineno or 0
         filename, function = code.co_filename, code.co_name
         ident = self._writer.intern_site(
             (filename, line, function), lambda: _site_payload(filename, line, function)
         )
-        self._site_ids[(code, line)] = ident
+        self._site_ids[(id(code), frame.f_lasti)] = ident
         self._locations[ident] = (filename, line)
         return ident
 
@@ -81,13 +86,12 @@ class CallSites:
         sites: list[int] = []
         while f is not None:
             code = f.f_code
-            user = user_code.get(code)
-            if user is None:
-                user = user_code[code] = self._user_file(code.co_filename)
-            if user:
-                line = f.f_lineno or 0
-                ident = site_ids.get((code, line))
-                sites.append(ident if ident is not None else self._site_id(code, line))
+            known = user_code.get(id(code))
+            if known is None:
+                known = user_code[id(code)] = (code, self._user_file(code.co_filename))
+            if known[1]:
+                ident = site_ids.get((id(code), f.f_lasti))
+                sites.append(ident if ident is not None else self._site_id(f))
             f = f.f_back
         if not sites:
             return None

@@ -80,6 +80,10 @@ class TraceWriter:
         # Called on the writer thread before each batch (final=True at close): returns GPU
         # activity by op index, which arrives from CUPTI later than the ops themselves.
         self.poll_kernels: Callable[[bool], dict[int, list[Any]]] | None = None
+        # Called on the writer thread with a batch's deferred records before they are packed,
+        # so their GPU results can be collected in one native call instead of one per tensor
+        # (op records only: captured tensors are packed by callables too).
+        self.prepare_deferred: Callable[[list[Packer]], None] | None = None
         self.records_written = 0
         self.bytes_written = 0
         self._thread = threading.Thread(target=self._run, name="opguard-writer", daemon=True)
@@ -117,6 +121,10 @@ class TraceWriter:
 
     def _commit(self, batch: list[tuple[str, bytes, Any]]) -> None:
         packb = msgpack.Packer(use_bin_type=True).pack
+        if self.prepare_deferred is not None:
+            deferred = [value for db, _, value in batch if db == "ops" and callable(value)]
+            if deferred:
+                self.prepare_deferred(deferred)
         by_db: dict[str, list[tuple[bytes, bytes]]] = {}
         for db, key, value in batch:
             if callable(value):
