@@ -194,6 +194,7 @@ def test_nan_origin_is_found(recordings, write_script, record) -> None:
     diff = _json("diff", str(base), str(run_dir), "--json")
     assert diff["nonfinite"]["a"] == []
     assert diff["nonfinite"]["b"][0]["origin"]["index"] == origin["index"]
+    assert _json("diff", str(base), str(run_dir), "--step", "0", "--json")["nonfinite"] is None
     text = run_cli("diff", str(base), str(run_dir))
     assert "first made (inputs finite): #" in text.stdout and "aten::div.Tensor" in text.stdout
 

@@ -151,5 +151,7 @@ def to_json(result: RunDiff) -> dict[str, Any]:
         "nonfinite": {
             side: [nonfinite_json(n) for r in result.ranks if (n := getattr(r, attr)) is not None]
             for side, attr in (("a", "nonfinite_a"), ("b", "nonfinite_b"))
-        },
+        }
+        if all(r.nonfinite_scanned for r in result.ranks)
+        else None,
     }

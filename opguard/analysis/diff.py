@@ -53,9 +53,10 @@ class RankDiff:
     unaligned_b: list[int] = field(default_factory=list)
     first: Divergence | None = None
     notes: list[str] = field(default_factory=list)
-    # Where NaN/Inf first appeared in each run (None: never, or not scanned: --step).
+    # Where NaN/Inf first appeared in each run (None: never, or not scanned).
     nonfinite_a: Nonfinite | None = None
     nonfinite_b: Nonfinite | None = None
+    nonfinite_scanned: bool = False  # False with --step: only part of the runs was read
 
     @property
     def role(self) -> Role | None:
@@ -209,6 +210,7 @@ def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None
     if watches[0] is not None and watches[1] is not None:
         result.nonfinite_a = resolve(trace_a, watches[0])
         result.nonfinite_b = resolve(trace_b, watches[1])
+        result.nonfinite_scanned = True
     for name, trace in (("A", trace_a), ("B", trace_b)):
         if not trace.finished:
             result.notes.append(
