@@ -23,6 +23,7 @@ from .align import AlignReader, align_keys
 from .divergence import Divergence, Explainer
 from .keys import KeyTable, LightReader, OpColumns
 from .myers import Run as MatchRun
+from .nonfinite import Nonfinite, NonfiniteWatch, resolve
 from .roles import ORIGIN, Role, role_of
 
 UNALIGNED_EXAMPLES = 5
@@ -52,6 +53,10 @@ class RankDiff:
     unaligned_b: list[int] = field(default_factory=list)
     first: Divergence | None = None
     notes: list[str] = field(default_factory=list)
+    # Where NaN/Inf first appeared in each run (None: never, or not scanned).
+    nonfinite_a: Nonfinite | None = None
+    nonfinite_b: Nonfinite | None = None
+    nonfinite_scanned: bool = False  # False with --step: only part of the runs was read
 
     @property
     def role(self) -> Role | None:
@@ -155,7 +160,10 @@ class _StepAlignments:
 
 def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None) -> RankDiff:
     table = KeyTable()
-    reader_a, reader_b = AlignReader(trace_a, table), AlignReader(trace_b, table)
+    # NaN/Inf origins come with the same scan; with --step the scan covers part of the runs.
+    watches = (NonfiniteWatch(), NonfiniteWatch()) if step is None else (None, None)
+    reader_a = AlignReader(trace_a, table, watches[0])
+    reader_b = AlignReader(trace_b, table, watches[1])
     result = RankDiff(rank=trace_a.rank)
     alignments = _StepAlignments(reader_a, reader_b)
     explainer = Explainer(trace_a, trace_b, alignments)
@@ -199,6 +207,10 @@ def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None
                 f"compared the first {getattr(result, counter)}"
             )
             setattr(result, counter, getattr(result, counter) + extra)
+    if watches[0] is not None and watches[1] is not None:
+        result.nonfinite_a = resolve(trace_a, watches[0])
+        result.nonfinite_b = resolve(trace_b, watches[1])
+        result.nonfinite_scanned = True
     for name, trace in (("A", trace_a), ("B", trace_b)):
         if not trace.finished:
             result.notes.append(
@@ -385,3 +397,19 @@ def _has_step(trace: RankTrace, step: int) -> bool:
         if raw.get("s", 0) >= step:
             return bool(raw.get("s", 0) == step)
     return False
+
+
+def aligned_index(trace_a: RankTrace, trace_b: RankTrace, index_a: int) -> int | None:
+    """The op of run B that the diff aligns with op ``index_a`` of run A (None: the op exists
+    only in A). Aligns only the step that holds the op."""
+    step = trace_a.op(index_a).step
+    table = KeyTable()
+    found = [
+        next((columns for _, columns in _steps(AlignReader(trace, table), step)), None)
+        for trace in (trace_a, trace_b)
+    ]
+    ops_a, ops_b = found
+    if ops_a is None or ops_b is None:
+        return None
+    pairs = _StepPairs(ops_a.index, ops_b.index, align_keys(ops_a.keys, ops_b.keys))
+    return pairs.maps()[0].get(index_a)

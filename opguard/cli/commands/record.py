@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from ...capture_spec import DEFAULT_LIMIT, CaptureSpec, SpecError, parse_size
 from ...store import TraceError
 from .base import CommandError
 
@@ -32,6 +33,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="PY",
         help="run under this interpreter (OpGuard must be installed there)",
     )
+    p.add_argument(
+        "--capture",
+        metavar="SPEC",
+        help="also store the full input and output tensors of these ops: comma-separated op "
+        "indices (812), ranges (800-820), op names (aten::addmm.default) or call sites "
+        "(train.py:42)",
+    )
+    p.add_argument(
+        "--capture-limit",
+        metavar="SIZE",
+        default=str(DEFAULT_LIMIT),
+        help="most bytes of tensors captured per rank (default 256MiB)",
+    )
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="-- SCRIPT.py [ARGS…]")
     p.set_defaults(run=run)
@@ -43,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
         target_args = target_args[1:]
     if args.steps is not None and args.steps < 1:
         raise CommandError("--steps must be at least 1")
+    try:
+        capture = CaptureSpec.parse(args.capture) if args.capture is not None else None
+        capture_limit = parse_size(args.capture_limit)
+    except SpecError as exc:
+        raise CommandError(str(exc)) from None
     if args.python:
         return _run_elsewhere(args, target_args)
 
@@ -57,7 +76,13 @@ def run(args: argparse.Namespace) -> int:
         except TraceError as exc:
             raise CommandError(str(exc)) from None
         return run_torchrun(
-            job, Path(args.output), steps=args.steps, overwrite=args.overwrite, command=command
+            job,
+            Path(args.output),
+            steps=args.steps,
+            overwrite=args.overwrite,
+            command=command,
+            capture=capture,
+            capture_limit=capture_limit,
         )
     if args.module:
         target = Target(args.module, target_args, is_module=True)
@@ -72,7 +97,13 @@ def run(args: argparse.Namespace) -> int:
     where = target.describe() if target.is_module else ["--", *target.describe()]
     command = ["opguard", "record", "-o", args.output, *where]
     return run_recorded(
-        target, Path(args.output), steps=args.steps, overwrite=args.overwrite, command=command
+        target,
+        Path(args.output),
+        steps=args.steps,
+        overwrite=args.overwrite,
+        command=command,
+        capture=capture,
+        capture_limit=capture_limit,
     )
 
 
@@ -91,6 +122,8 @@ def _run_elsewhere(args: argparse.Namespace, target_args: list[str]) -> int:
         forwarded += ["--steps", str(args.steps)]
     if args.overwrite:
         forwarded.append("--overwrite")
+    if args.capture is not None:
+        forwarded += ["--capture", args.capture, "--capture-limit", args.capture_limit]
     if args.module:
         forwarded += ["-m", args.module]
     forwarded += ["--", *target_args]
