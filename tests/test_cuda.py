@@ -84,6 +84,22 @@ def test_gpu_fingerprint_equals_cpu(dtype: torch.dtype) -> None:
                         assert v == pytest.approx(e, rel=1e-5, abs=1e-30)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_permuted_rows_equal_cpu(dtype: torch.dtype) -> None:
+    """Outer dimensions permuted, innermost contiguous (attention's outputs): the row kernel."""
+    g = torch.Generator().manual_seed(2)
+    cpu = _random((2, 6, 5, 8), dtype, g)
+    gpu = cpu.cuda()
+    for c, d in (
+        (cpu.permute(0, 2, 1, 3), gpu.permute(0, 2, 1, 3)),
+        (cpu[:, 1:4].transpose(0, 1), gpu[:, 1:4].transpose(0, 1)),
+    ):
+        expected, got = fingerprint_fields(c), _gpu_fields(d)
+        assert (got["h"], got["z"], got["b"]) == (expected["h"], expected["z"], expected["b"])
+        if "m" in expected:
+            assert got["m"][4:] == expected["m"][4:]
+
+
 def test_expanded_and_large_tensor() -> None:
     base = torch.randn(1, 4096, device="cuda").expand(512, 4096)
     assert _gpu_fields(base)["h"] == fingerprint_fields(base.cpu())["h"]
