@@ -77,7 +77,11 @@ class CallSites:
             code = f.f_code
             user = user_code.get(code)
             if user is None:
-                user = user_code[code] = self._user_file(code.co_filename)
+                # Code torch generates at run time (Inductor's wrapper modules, kept in its
+                # cache directory) is torch's, wherever its file is.
+                user = user_code[code] = self._user_file(code.co_filename) and not f.f_globals.get(
+                    "__name__", ""
+                ).startswith("torch.")
             if user:
                 line = f.f_lineno or 0
                 ident = site_ids.get((code, line))

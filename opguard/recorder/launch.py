@@ -35,12 +35,23 @@ def exit_code_of(exc: SystemExit) -> int:
 
 
 def run_recorded(
-    target: Target, run_dir: Path, *, steps: int | None, overwrite: bool, command: list[str]
+    target: Target,
+    run_dir: Path,
+    *,
+    steps: int | None,
+    overwrite: bool,
+    command: list[str],
+    eager: bool = False,
 ) -> int:
-    """Runs ``target`` to its end (or to step ``steps``) while recording; returns the exit
-    status the script itself would have had."""
+    """Runs ``target`` to its end (or to step ``steps``) while recording (with ``eager``:
+    ``torch.compile`` turned off); returns the exit status the script itself would have had."""
     session = RecordingSession(
-        run_dir, steps=steps, exit_after_steps=True, overwrite=overwrite, command=command
+        run_dir,
+        steps=steps,
+        exit_after_steps=True,
+        overwrite=overwrite,
+        command=command,
+        eager=eager,
     )
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [target.path, *target.args]

@@ -24,6 +24,7 @@ from torch.optim.optimizer import (
 from .. import _C, __version__
 from ..store import TraceError, TraceWriter, schema
 from ..store.meta import read_meta, recorded_environment, write_meta
+from . import compiled
 from .kernels import KernelActivity
 from .mode import OpRecorder, StepState, failure_info
 from .ranks import distributed_info, env_rank, prepared_by_parent, wait_for_rank0
@@ -79,6 +80,7 @@ class RecordingSession:
         overwrite: bool = False,
         command: list[str] | None = None,
         rank: int | None = None,
+        eager: bool = False,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.rank = env_rank() if rank is None else rank
@@ -95,6 +97,8 @@ class RecordingSession:
         self._recorder: OpRecorder | None = None
         self._hooks: list[Any] = []
         self._stopped_reason: str | None = None
+        self.eager = eager
+        self._compile_settings = compiled.CompileSettings(eager)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -131,6 +135,9 @@ class RecordingSession:
         # collections scanning the whole heap for them cost a third of its time. Numerics are
         # untouched; cycles that become garbage among those objects wait until close().
         gc.freeze()
+        compiled.register(OpRecorder)
+        compiled.attach(self._recorder)
+        self._compile_settings.apply()
         self._recorder.__enter__()
         _active = self
         return self
@@ -143,6 +150,8 @@ class RecordingSession:
             return
         recorder, self._recorder = self._recorder, None
         recorder.__exit__(None, None, None)
+        compiled.attach(None)
+        self._compile_settings.restore()
         gc.unfreeze()
         self._note_distributed()
         if self._distributed is not None:
@@ -270,6 +279,8 @@ class RecordingSession:
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
             "env": recorded_environment(),
             "steps_limit": self.steps_limit,
+            # "disabled": recorded with torch.compile turned off (opguard record --eager)
+            "torch_compile": "disabled" if self.eager else "enabled",
             "started": time.time(),
             "status": "running",
         }
@@ -281,14 +292,16 @@ def record(
     steps: int | None = None,
     overwrite: bool = False,
     rank: int | None = None,
+    eager: bool = False,
 ) -> RecordingSession:
     """Records every op run inside the ``with`` block into ``run_dir``.
 
     ``steps`` stops recording (not the training) after that many optimizer steps. ``rank``
     (default: ``RANK`` from the environment) picks ``run_dir/rank-K``; in a job of several
-    processes rank 0 prepares ``run_dir`` and the others wait for it.
+    processes rank 0 prepares ``run_dir`` and the others wait for it. ``eager`` turns
+    ``torch.compile`` off while recording (compiled functions run their Python code).
     """
-    return RecordingSession(run_dir, steps=steps, overwrite=overwrite, rank=rank)
+    return RecordingSession(run_dir, steps=steps, overwrite=overwrite, rank=rank, eager=eager)
 
 
 def step() -> None:

@@ -72,16 +72,26 @@ def parse_job(argv: list[str]) -> TorchrunJob:
 
 
 def run_torchrun(
-    job: TorchrunJob, run_dir: Path, *, steps: int | None, overwrite: bool, command: list[str]
+    job: TorchrunJob,
+    run_dir: Path,
+    *,
+    steps: int | None,
+    overwrite: bool,
+    command: list[str],
+    eager: bool = False,
 ) -> int:
     """Runs the job with every worker recording; returns torchrun's exit status."""
     prepare_run_dir(run_dir, overwrite)
-    meta = RecordingSession(run_dir, steps=steps, command=command, rank=0)._initial_meta()
+    meta = RecordingSession(
+        run_dir, steps=steps, command=command, rank=0, eager=eager
+    )._initial_meta()
     meta.update(world_size=job.world_size, launcher="torchrun")
     write_meta(run_dir, meta)
     worker = ["-m", "opguard.recorder.launch", "-o", str(run_dir)]
     if steps is not None:
         worker += ["--steps", str(steps)]
+    if eager:
+        worker.append("--eager")
     worker += ["-m", job.script] if job.is_module else ["--", job.script]
     argv = [sys.executable, "-m", TORCHRUN_MODULE, *job.options, *worker, *job.script_args]
     code = subprocess.run(argv, env={**os.environ, PREPARED_ENV: "1"}).returncode

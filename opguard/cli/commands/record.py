@@ -28,6 +28,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run in RUN_DIR")
     p.add_argument(
+        "--eager",
+        action="store_true",
+        help="turn torch.compile off: compiled functions run eagerly, op by op",
+    )
+    p.add_argument(
         "--python",
         metavar="PY",
         help="run under this interpreter (OpGuard must be installed there)",
@@ -51,13 +56,19 @@ def run(args: argparse.Namespace) -> int:
 
     launcher = torchrun_argv(target_args, args.module)
     if launcher is not None:
-        command = ["opguard", "record", "-o", args.output, "--", "torchrun", *launcher]
+        eager = ["--eager"] if args.eager else []
+        command = ["opguard", "record", "-o", args.output, *eager, "--", "torchrun", *launcher]
         try:
             job = parse_job(launcher)
         except TraceError as exc:
             raise CommandError(str(exc)) from None
         return run_torchrun(
-            job, Path(args.output), steps=args.steps, overwrite=args.overwrite, command=command
+            job,
+            Path(args.output),
+            steps=args.steps,
+            overwrite=args.overwrite,
+            command=command,
+            eager=args.eager,
         )
     if args.module:
         target = Target(args.module, target_args, is_module=True)
@@ -70,9 +81,14 @@ def run(args: argparse.Namespace) -> int:
         target = Target(script, target_args[1:])
     # As typed, so that it replays: `-m MODULE ARGS…` or `-- SCRIPT ARGS…`.
     where = target.describe() if target.is_module else ["--", *target.describe()]
-    command = ["opguard", "record", "-o", args.output, *where]
+    command = ["opguard", "record", "-o", args.output, *(["--eager"] if args.eager else []), *where]
     return run_recorded(
-        target, Path(args.output), steps=args.steps, overwrite=args.overwrite, command=command
+        target,
+        Path(args.output),
+        steps=args.steps,
+        overwrite=args.overwrite,
+        command=command,
+        eager=args.eager,
     )
 
 
@@ -91,6 +107,8 @@ def _run_elsewhere(args: argparse.Namespace, target_args: list[str]) -> int:
         forwarded += ["--steps", str(args.steps)]
     if args.overwrite:
         forwarded.append("--overwrite")
+    if args.eager:
+        forwarded.append("--eager")
     if args.module:
         forwarded += ["-m", args.module]
     forwarded += ["--", *target_args]
