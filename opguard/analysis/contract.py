@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..store import OpRecord
+from .compilation import compile_modes
 from .diff import RankDiff, RunDiff
 from .divergence import Divergence, TensorDiff
 
@@ -57,6 +58,7 @@ def divergence_json(div: Divergence) -> dict[str, Any]:
         "kernels": {"a": list(div.observed_a.kernels), "b": list(div.observed_b.kernels)},
         "kernels_differ": div.kernels_differ,
         "stream_race": div.race or None,
+        "unrecorded_writes": [w.to_json() for w in div.windows],
         "chain": [
             {"a": link.a.index, "b": link.b.index, "op": link.a.op, "slot": link.slot}
             for link in div.chain
@@ -113,10 +115,13 @@ def rank_json(r: RankDiff) -> dict[str, Any]:
 
 def to_json(result: RunDiff) -> dict[str, Any]:
     first = result.first
+    divergence = divergence_json(first) if first is not None else None
+    if divergence is not None:
+        divergence["known_difference"] = result.known_difference or None
     return {
         "schema": SCHEMA,
         "verdict": result.verdict,
-        "first_divergence": divergence_json(first) if first is not None else None,
+        "first_divergence": divergence,
         "aligned": sum(r.aligned for r in result.ranks),
         "unaligned_a": sum(r.only_a for r in result.ranks),
         "unaligned_b": sum(r.only_b for r in result.ranks),
@@ -124,4 +129,5 @@ def to_json(result: RunDiff) -> dict[str, Any]:
         "ranks": [rank_json(r) for r in result.ranks],
         "notes": [n for r in result.ranks for n in r.notes],
         "origin_ranks": result.origin_ranks,
+        "torch_compile": compile_modes(result.meta_a, result.meta_b),
     }

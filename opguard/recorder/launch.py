@@ -42,6 +42,7 @@ def run_recorded(
     overwrite: bool,
     command: list[str],
     eager: bool = False,
+    verify_inputs: bool = False,
 ) -> int:
     """Runs ``target`` to its end (or to step ``steps``) while recording (with ``eager``:
     ``torch.compile`` turned off); returns the exit status the script itself would have had."""
@@ -52,6 +53,7 @@ def run_recorded(
         overwrite=overwrite,
         command=command,
         eager=eager,
+        verify_inputs=verify_inputs,
     )
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [target.path, *target.args]

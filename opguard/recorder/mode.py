@@ -69,6 +69,10 @@ class OpRecorder(TorchDispatchMode):
         # turned gradients off (None: read it from the grad mode).
         self.region_phase: int | None = None
         self.active = True
+        # Fingerprint every input again instead of reusing what its producer wrote: finds
+        # writes the dispatcher never saw (NumPy views, extensions writing through pointers),
+        # which leave the version counter alone.
+        self.verify_inputs = False
 
     # -- dispatch -------------------------------------------------------------------------
 
@@ -215,7 +219,9 @@ class OpRecorder(TorchDispatchMode):
         entry = describe(tensor, slot)
         known, exact = self._provenance.find(tensor)
         fields: Fields | PendingFields | None = None
-        if known is not None and exact:
+        if known is not None and exact and self.verify_inputs:
+            fields = fingerprint_fields(tensor)
+        elif known is not None and exact:
             if known.fields is None:
                 known.fields = fingerprint_fields(tensor)
             fields = known.fields

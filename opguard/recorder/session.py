@@ -81,6 +81,7 @@ class RecordingSession:
         command: list[str] | None = None,
         rank: int | None = None,
         eager: bool = False,
+        verify_inputs: bool = False,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.rank = env_rank() if rank is None else rank
@@ -98,6 +99,7 @@ class RecordingSession:
         self._hooks: list[Any] = []
         self._stopped_reason: str | None = None
         self.eager = eager
+        self.verify_inputs = verify_inputs
         self._compile_settings = compiled.CompileSettings(eager)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -125,6 +127,7 @@ class RecordingSession:
             },
         )
         self._recorder = OpRecorder(self.writer, self.state, self._on_failure)
+        self._recorder.verify_inputs = self.verify_inputs
         self._start_gpu_activity()
         self._hooks = [
             register_optimizer_step_pre_hook(self._optimizer_pre),
@@ -281,6 +284,7 @@ class RecordingSession:
             "steps_limit": self.steps_limit,
             # "disabled": recorded with torch.compile turned off (opguard record --eager)
             "torch_compile": "disabled" if self.eager else "enabled",
+            "verify_inputs": self.verify_inputs,
             "started": time.time(),
             "status": "running",
         }
@@ -293,6 +297,7 @@ def record(
     overwrite: bool = False,
     rank: int | None = None,
     eager: bool = False,
+    verify_inputs: bool = False,
 ) -> RecordingSession:
     """Records every op run inside the ``with`` block into ``run_dir``.
 
@@ -300,8 +305,17 @@ def record(
     (default: ``RANK`` from the environment) picks ``run_dir/rank-K``; in a job of several
     processes rank 0 prepares ``run_dir`` and the others wait for it. ``eager`` turns
     ``torch.compile`` off while recording (compiled functions run their Python code).
+    ``verify_inputs`` fingerprints every input when it is read, so writes no recorded op made
+    show up (slower).
     """
-    return RecordingSession(run_dir, steps=steps, overwrite=overwrite, rank=rank, eager=eager)
+    return RecordingSession(
+        run_dir,
+        steps=steps,
+        overwrite=overwrite,
+        rank=rank,
+        eager=eager,
+        verify_inputs=verify_inputs,
+    )
 
 
 def step() -> None:

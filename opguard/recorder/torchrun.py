@@ -79,11 +79,12 @@ def run_torchrun(
     overwrite: bool,
     command: list[str],
     eager: bool = False,
+    verify_inputs: bool = False,
 ) -> int:
     """Runs the job with every worker recording; returns torchrun's exit status."""
     prepare_run_dir(run_dir, overwrite)
     meta = RecordingSession(
-        run_dir, steps=steps, command=command, rank=0, eager=eager
+        run_dir, steps=steps, command=command, rank=0, eager=eager, verify_inputs=verify_inputs
     )._initial_meta()
     meta.update(world_size=job.world_size, launcher="torchrun")
     write_meta(run_dir, meta)
@@ -92,6 +93,8 @@ def run_torchrun(
         worker += ["--steps", str(steps)]
     if eager:
         worker.append("--eager")
+    if verify_inputs:
+        worker.append("--verify-inputs")
     worker += ["-m", job.script] if job.is_module else ["--", job.script]
     argv = [sys.executable, "-m", TORCHRUN_MODULE, *job.options, *worker, *job.script_args]
     code = subprocess.run(argv, env={**os.environ, PREPARED_ENV: "1"}).returncode

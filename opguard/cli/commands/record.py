@@ -33,6 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="turn torch.compile off: compiled functions run eagerly, op by op",
     )
     p.add_argument(
+        "--verify-inputs",
+        action="store_true",
+        help="fingerprint every op input again (slower): shows writes no recorded op made",
+    )
+    p.add_argument(
         "--python",
         metavar="PY",
         help="run under this interpreter (OpGuard must be installed there)",
@@ -56,8 +61,16 @@ def run(args: argparse.Namespace) -> int:
 
     launcher = torchrun_argv(target_args, args.module)
     if launcher is not None:
-        eager = ["--eager"] if args.eager else []
-        command = ["opguard", "record", "-o", args.output, *eager, "--", "torchrun", *launcher]
+        command = [
+            "opguard",
+            "record",
+            "-o",
+            args.output,
+            *_switches(args),
+            "--",
+            "torchrun",
+            *launcher,
+        ]
         try:
             job = parse_job(launcher)
         except TraceError as exc:
@@ -69,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             command=command,
             eager=args.eager,
+            verify_inputs=args.verify_inputs,
         )
     if args.module:
         target = Target(args.module, target_args, is_module=True)
@@ -81,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         target = Target(script, target_args[1:])
     # As typed, so that it replays: `-m MODULE ARGS…` or `-- SCRIPT ARGS…`.
     where = target.describe() if target.is_module else ["--", *target.describe()]
-    command = ["opguard", "record", "-o", args.output, *(["--eager"] if args.eager else []), *where]
+    command = ["opguard", "record", "-o", args.output, *_switches(args), *where]
     return run_recorded(
         target,
         Path(args.output),
@@ -89,7 +103,17 @@ def run(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         command=command,
         eager=args.eager,
+        verify_inputs=args.verify_inputs,
     )
+
+
+def _switches(args: argparse.Namespace) -> list[str]:
+    """The recording switches as typed, for the replayable command and other interpreters."""
+    return [
+        flag
+        for flag, on in (("--eager", args.eager), ("--verify-inputs", args.verify_inputs))
+        if on
+    ]
 
 
 def _run_elsewhere(args: argparse.Namespace, target_args: list[str]) -> int:
@@ -107,8 +131,7 @@ def _run_elsewhere(args: argparse.Namespace, target_args: list[str]) -> int:
         forwarded += ["--steps", str(args.steps)]
     if args.overwrite:
         forwarded.append("--overwrite")
-    if args.eager:
-        forwarded.append("--eager")
+    forwarded += _switches(args)
     if args.module:
         forwarded += ["-m", args.module]
     forwarded += ["--", *target_args]
