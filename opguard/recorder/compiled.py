@@ -209,9 +209,9 @@ def _graph_arguments(func: Any) -> list[list[Any]]:
         arguments = []
         if graph is not None:
             targets = [
-                str(node.target).removeprefix("aten.").rsplit(".", 1)[0]
+                node.target._schema.name.removeprefix("aten::")
                 for node in graph.graph.nodes
-                if node.op == "call_function"
+                if isinstance(node.target, torch._ops.OpOverload)
             ]
             arguments = [
                 ["graph", _digest(graph.code)],

@@ -61,4 +61,5 @@ for _ in range(2):
     opt.zero_grad()
     loss.backward()
     opt.step()
-    print(f"loss {loss.item():.9f}")
+    print(f"loss {loss.item()!r}")  # every bit of it
+print(f"weights {sum(p.double().sum().item() for p in model.parameters())!r}")
