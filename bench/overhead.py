@@ -5,7 +5,15 @@
 Modes are interleaved in rounds after a warm-up so clock and thermal drift hit all alike; each
 figure is the median step time. Prints a table and writes JSON next to it with --json PATH.
 
-    python bench/overhead.py [--steps 6] [--rounds 3] [--batch 8] [--seq 1024] [--json out.json]
+``--compile`` runs the model through ``torch.compile`` (Inductor) in every mode: plain compiled
+steps against recorded compiled steps, where OpGuard records each compiled region, its Triton
+kernels and the ATen ops it falls back to. Compiled regions are visible to a recorder only when
+compiled with ``torch._inductor.config.wrap_inductor_compiled_regions`` set (``opguard record``
+sets it before the script runs); the benchmark compiles once, with it set, for all modes.
+DebugMode is left out: it does not see inside compiled regions.
+
+    python bench/overhead.py [--steps 6] [--rounds 3] [--batch 8] [--seq 1024] [--compile]
+                             [--json out.json]
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,7 +35,9 @@ import opguard
 from opguard.store import Run
 
 
-def build(batch: int, seq: int) -> tuple[Callable[[], float], torch.nn.Module]:
+def build(
+    batch: int, seq: int, compile: bool = False
+) -> tuple[Callable[[], float], torch.nn.Module]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
@@ -34,9 +45,15 @@ def build(batch: int, seq: int) -> tuple[Callable[[], float], torch.nn.Module]:
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = torch.randint(0, model.config.vocab_size, (batch, seq), device="cuda")
+    forward: Callable[..., Any] = model
+    if compile:
+        from torch._inductor import config as inductor_config
+
+        inductor_config.wrap_inductor_compiled_regions = True
+        forward = torch.compile(model)
 
     def step() -> float:
-        out = model(tokens, labels=tokens)
+        out = forward(tokens, labels=tokens)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         opt.step()
@@ -66,10 +83,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--no-debugmode", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
-    step, _ = build(args.batch, args.seq)
+    step, _ = build(args.batch, args.seq, compile=args.compile)
     workdir = Path(tempfile.mkdtemp(prefix="opguard-bench-"))
     traces: list[Path] = []
 
@@ -98,7 +116,7 @@ def main() -> None:
         "plain": nullcontext,
         "opguard": recording,
     }
-    if not args.no_debugmode:
+    if not (args.no_debugmode or args.compile):
         modes["debugmode"] = debugmode
     for ctx in modes.values():  # warm-up: allocator, cuBLAS handles, autotuning
         timed(step, ctx, 2)
@@ -132,6 +150,7 @@ def main() -> None:
         "torch": torch.__version__,
         "batch": args.batch,
         "seq": args.seq,
+        "compiled": args.compile,
         "rounds": args.rounds,
         "steps": args.steps,
         "ops_per_step": ops / steps_recorded,
@@ -139,8 +158,10 @@ def main() -> None:
         "fingerprint_launches_per_step": launches / (args.steps * args.rounds + 2),
         "modes": rows,
     }
+    compiled = ", torch.compile" if args.compile else ""
     print(
-        f"GPT-2 124M, batch {args.batch} x {args.seq}, {result['device']}, torch {torch.__version__}"
+        f"GPT-2 124M{compiled}, batch {args.batch} x {args.seq}, {result['device']}, "
+        f"torch {torch.__version__}"
     )
     print(f"{'mode':<10} {'median step':>12} {'ratio':>7} {'peak GiB':>9} {'peak ratio':>10}")
     for name, row in rows.items():
