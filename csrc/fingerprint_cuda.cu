@@ -31,7 +31,7 @@ struct Args {
   int32_t head_bytes;
   Partial* partials;
   uint8_t* head;
-  uint32_t seq;
+  uint64_t seq;
 };
 
 void check(cudaError_t err, const char* what) {
@@ -350,7 +350,7 @@ GpuFingerprinter::GpuFingerprinter(uint64_t partial_capacity, uint64_t head_capa
   check(cudaHostAlloc(reinterpret_cast<void**>(&heads_), head_capacity * kHeadBytes,
                       cudaHostAllocMapped | cudaHostAllocPortable),
         "allocating the head-bytes ring");
-  for (uint64_t i = 0; i < partial_capacity; ++i) partials_[i].seq = 0xFFFFFFFFu;
+  for (uint64_t i = 0; i < partial_capacity; ++i) partials_[i].seq = ~0ull;
   int device = 0, sms = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
@@ -393,7 +393,7 @@ bool GpuFingerprinter::wait_for_space(uint64_t blocks, double timeout_s) {
         return true;
       }
     }
-    if (seconds_since(t0) > timeout_s) return false;
+    if (timeout_s <= 0 || seconds_since(t0) > timeout_s) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 }
@@ -430,6 +430,7 @@ Ticket GpuFingerprinter::launch(const TensorView& view, int device, uintptr_t st
   const uint64_t blocks = std::max<uint64_t>(
       1, std::min<uint64_t>(max_blocks_, (a.nwords + per_block - 1) / per_block));
   if (!wait_for_space(blocks, timeout_s)) {
+    if (timeout_s <= 0) return Ticket{};
     throw std::runtime_error("fingerprint results were not collected in time (ring full)");
   }
   Ticket t;
@@ -450,8 +451,7 @@ Ticket GpuFingerprinter::launch(const TensorView& view, int device, uintptr_t st
   t.head_bytes = a.head_bytes;
   a.partials = partials_ + (t.first % partial_capacity_);
   a.head = heads_ + (t.head_slot % head_capacity_) * kHeadBytes;
-  a.seq = static_cast<uint32_t>(t.seq);
-  for (uint64_t b = 0; b < blocks; ++b) a.partials[b].seq = 0xFFFFFFFFu;
+  a.seq = t.seq;
   if (numel == 0) {  // nothing to read: complete on the host
     for (uint64_t b = 0; b < blocks; ++b) {
       Partial& p = a.partials[b];
@@ -478,9 +478,8 @@ Ticket GpuFingerprinter::launch(const TensorView& view, int device, uintptr_t st
 
 bool GpuFingerprinter::ready(const Ticket& t) const {
   const Partial* p = partials_ + (t.first % partial_capacity_);
-  const uint32_t want = static_cast<uint32_t>(t.seq);
   for (uint32_t b = 0; b < t.blocks; ++b) {
-    if (p[b].seq != want) return false;
+    if (p[b].seq != t.seq) return false;
   }
   return true;
 }
@@ -513,11 +512,10 @@ Fingerprint GpuFingerprinter::collect(const Ticket& t, double timeout_s) {
   const uint8_t* head = heads_ + (t.head_slot % head_capacity_) * kHeadBytes;
   fp.head.assign(head, head + t.head_bytes);
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& o : outstanding_) {
-    if (o.seq == t.seq) {
-      o.collected = true;
-      break;
-    }
+  // Tickets are queued in launch order with consecutive sequence numbers.
+  if (!outstanding_.empty() && t.seq >= outstanding_.front().seq) {
+    const uint64_t at = t.seq - outstanding_.front().seq;
+    if (at < outstanding_.size()) outstanding_[at].collected = true;
   }
   reclaim();
   return fp;

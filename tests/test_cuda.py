@@ -172,3 +172,43 @@ def test_kernels_are_recorded_per_op(tmp_path: Path) -> None:
     first = _diff(tmp_path / "a", tmp_path / "b")["first_divergence"]
     assert first["kernels_differ"], first["kernels"]
     assert "different kernels" in first["summary"]
+
+
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2 or not torch.distributed.is_nccl_available(),
+    reason="needs two GPUs and NCCL",
+)
+def test_ddp_rank_local_tf32_names_the_origin_rank(tmp_path: Path) -> None:
+    """Two ranks of DDP GPT-2 small on NCCL; in run B rank 1 alone enables TF32. Rank 1 is the
+    origin (same inputs, a different GEMM kernel), rank 0 a receiver at DDP's all-reduce."""
+    torchrun = ["--", str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "2"]
+    script = str(SCENARIOS / "ddp_gpt2.py")
+    for name, extra in (("a", []), ("b", ["--tf32-rank", "1"])):
+        result = _run(
+            "-m", "opguard", "record", "-o", str(tmp_path / name), *torchrun, script, *extra,
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+    report = _diff(tmp_path / "a", tmp_path / "b")
+    assert report["verdict"] == "diverged"
+    assert report["origin_ranks"] == [1]
+    first = report["first_divergence"]
+    assert first["rank"] == 1 and first["kind"] == "origin"
+    assert first["a"]["op"] in ("aten::mm.default", "aten::addmm.default")
+    rank_0, rank_1 = report["ranks"]
+    assert rank_1["role"] == "origin"
+    assert rank_0["role"] == "receiver"
+    assert rank_0["collective"]["op"].startswith("c10d::allreduce")
+
+
+def test_stream_race_shows_the_read_before_the_write(tmp_path: Path) -> None:
+    """Run B reads on a side stream without waiting for the default stream's write: the read is
+    an origin (same recorded inputs, other outputs), and the evidence is its kernel starting on
+    another stream before the writer's kernel ended."""
+    _record("stream_race.py", tmp_path / "a", "sync")
+    _record("stream_race.py", tmp_path / "b", "race")
+    first = _diff(tmp_path / "a", tmp_path / "b")["first_divergence"]
+    assert first["kind"] == "origin"
+    assert first["a"]["op"].startswith("aten::sum")
+    assert first["stream_race"] and first["stream_race"].startswith("run B:")
+    assert "aten::copy_" in first["stream_race"]

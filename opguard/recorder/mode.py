@@ -22,7 +22,7 @@ from .collectives import is_collective, wait
 from .kernels import KernelActivity
 from .ops import OpInfo, op_info
 from .provenance import Provenance
-from .tensors import PendingFields, describe, fingerprint_fields, view_fields
+from .tensors import PendingFields, describe, fingerprint_fields, resolve_all, view_fields
 
 _BACKWARD = schema.PHASES.index("backward")
 _OPTIMIZER = schema.PHASES.index("optimizer")
@@ -299,7 +299,7 @@ class OpRecorder(TorchDispatchMode):
         if out is not None and not outputs:
             record["v"] = encode(out)  # a returned scalar, e.g. the value of .item()
         if self._pending:
-            self._writer.append(index, _finisher(record, self._pending))
+            self._writer.append(index, DeferredRecord(record, self._pending))
         else:
             self._writer.append(index, record)
         # Counted once queued: a failure above reports this op as the first one not recorded.
@@ -420,15 +420,24 @@ def _returned_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
     return found
 
 
-def _finisher(record: Fields, pending: Pending) -> Callable[[], Fields]:
+class DeferredRecord:
     """A record completed on the writer thread, once its GPU fingerprints have landed."""
 
-    def finish() -> Fields:
-        for entry, fields in pending:
-            entry.update(fields.resolve())
-        return record
+    __slots__ = ("pending", "record")
 
-    return finish
+    def __init__(self, record: Fields, pending: Pending) -> None:
+        self.record = record
+        self.pending = pending
+
+    def __call__(self) -> Fields:
+        for entry, fields in self.pending:
+            entry.update(fields.resolve())
+        return self.record
+
+
+def collect_deferred(records: list[Any]) -> None:
+    """Writer hook: the GPU results of a batch of deferred records, in one native call."""
+    resolve_all([fields for record in records for _, fields in record.pending])
 
 
 def _op_device(args: tuple, kwargs: dict) -> torch.device:

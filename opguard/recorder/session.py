@@ -26,7 +26,7 @@ from ..store import TraceError, TraceWriter, schema
 from ..store.meta import read_meta, recorded_environment, write_meta
 from . import compiled
 from .kernels import KernelActivity
-from .mode import OpRecorder, StepState, failure_info
+from .mode import OpRecorder, StepState, collect_deferred, failure_info
 from .ranks import distributed_info, env_rank, prepared_by_parent, wait_for_rank0
 
 _active: RecordingSession | None = None
@@ -209,6 +209,7 @@ class RecordingSession:
         says in the trace what GPU recording could and could not use."""
         if not torch.cuda.is_available():
             return
+        self.writer.prepare_deferred = collect_deferred
         fingerprints = _C.cuda_status()
         if os.environ.get("OPGUARD_KERNELS", "1") == "0":
             activity, reason = None, "kernel collection turned off (OPGUARD_KERNELS=0)"

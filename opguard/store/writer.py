@@ -80,8 +80,12 @@ class TraceWriter:
         # Called on the writer thread before each batch (final=True at close): returns GPU
         # activity by op index, which arrives from CUPTI later than the ops themselves.
         self.poll_kernels: Callable[[bool], dict[int, list[Any]]] | None = None
+        # Called on the writer thread with a batch's deferred records before they are packed,
+        # so their GPU results can be collected in one native call instead of one per tensor.
+        self.prepare_deferred: Callable[[list[Packer]], None] | None = None
         self.records_written = 0
         self.bytes_written = 0
+        self.busy_seconds = 0.0  # spent packing and committing: the writer's throughput
         self._thread = threading.Thread(target=self._run, name="opguard-writer", daemon=True)
         self._thread.start()
 
@@ -116,7 +120,12 @@ class TraceWriter:
                 return
 
     def _commit(self, batch: list[tuple[str, bytes, Any]]) -> None:
+        started = time.perf_counter()
         packb = msgpack.Packer(use_bin_type=True).pack
+        if self.prepare_deferred is not None:
+            deferred = [value for _, _, value in batch if callable(value)]
+            if deferred:
+                self.prepare_deferred(deferred)
         by_db: dict[str, list[tuple[bytes, bytes]]] = {}
         for db, key, value in batch:
             if callable(value):
@@ -140,6 +149,7 @@ class TraceWriter:
                 self._env.set_mapsize(self._env.info()["map_size"] * 2)
         self.records_written += len(by_db.get("ops", ()))
         self.bytes_written += sum(len(v) for items in by_db.values() for _, v in items)
+        self.busy_seconds += time.perf_counter() - started
 
     def _kernel_items(self, final: bool) -> list[tuple[str, bytes, Any]]:
         if self.poll_kernels is None:
