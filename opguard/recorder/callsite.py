@@ -83,7 +83,7 @@ def _generated_by_inductor(path: str) -> bool:
     outside torch, and are torch's code. Inductor sets ``TORCHINDUCTOR_CACHE_DIR`` the first
     time it uses its cache, before any generated code can run."""
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    return bool(cache) and path.startswith(os.path.realpath(cache) + os.sep)
+    return cache is not None and path.startswith(os.path.realpath(cache) + os.sep)
 
 
 def _site_payload(filename: str, line: int, function: str) -> list[object]:
