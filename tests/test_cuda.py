@@ -212,3 +212,68 @@ def test_stream_race_shows_the_read_before_the_write(tmp_path: Path) -> None:
     assert first["a"]["op"].startswith("aten::sum")
     assert first["stream_race"] and first["stream_race"].startswith("run B:")
     assert "aten::copy_" in first["stream_race"]
+
+
+def test_nondeterministic_kernel_replays_as_nondeterministic(tmp_path: Path) -> None:
+    """A captured float32 index_add_ with many duplicate indices (atomics) gives different bits
+    from replay to replay on every GPU, and the same bits on the CPU."""
+    captured = tmp_path / "captured"
+    result = _run(
+        "-m", "opguard", "record", "-o", str(captured), "--capture", "aten::index_add_",
+        "--", str(SCENARIOS / "index_add.py"), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    index = next(
+        op["index"]
+        for op in json.loads(
+            _run(
+                "-m", "opguard", "show", str(captured), "--ops", "0:50", "--json", cwd=tmp_path
+            ).stdout
+        )["ranks"]["0"]
+        if op["op"].startswith("aten::index_add_")
+    )
+    replay = _run(
+        "-m", "opguard", "replay", str(captured), "--op", str(index), "--times", "20", "--json",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert replay.returncode == 1, replay.stderr  # not deterministic
+    report = json.loads(replay.stdout)
+    assert report["deterministic"] is False
+    assert all(d["device"].startswith("cuda") for d in report["devices"])
+    assert all(d["distinct"] > 1 for d in report["devices"])
+    assert any("nondeterministic" in f for f in report["findings"])
+    assert report["suspect_devices"] == []
+    assert report["reference"]["outputs"][0]["replay"]["rel"] < 1e-4
+    # The same op on the CPU is deterministic: the kernel, not the inputs, is the cause.
+    cpu = _run(
+        "-m", "opguard", "replay", str(captured), "--op", str(index), "--times", "3",
+        "--device", "cpu", "--json", cwd=tmp_path,
+    )  # fmt: skip
+    assert json.loads(cpu.stdout)["deterministic"] is True
+
+
+def test_gpu_gemm_replays_bit_for_bit(tmp_path: Path) -> None:
+    """GEMMs captured from the GPU (a synchronous copy to the host) replay bit for bit on
+    every GPU, none flagged; capturing changes no recorded fingerprint."""
+    run_dir = tmp_path / "train"
+    result = _run(
+        "-m", "opguard", "record", "-o", str(run_dir), "--capture", "aten::mm,aten::addmm",
+        "--", str(SCENARIOS / "train_small.py"), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    plain = tmp_path / "plain"
+    _record("train_small.py", plain)
+    assert _run("-m", "opguard", "diff", str(plain), str(run_dir), cwd=tmp_path).returncode == 0
+    ops = json.loads(
+        _run("-m", "opguard", "show", str(run_dir), "--ops", "0:400", "--json", cwd=tmp_path).stdout
+    )["ranks"]["0"]
+    gemms = [op["index"] for op in ops if op["op"] in ("aten::mm.default", "aten::addmm.default")]
+    assert gemms
+    for index in gemms[:4]:
+        replay = _run(
+            "-m", "opguard", "replay", str(run_dir), "--op", str(index), "--times", "3", "--json",
+            cwd=tmp_path,
+        )  # fmt: skip
+        report = json.loads(replay.stdout)
+        assert report["deterministic"] and report["matches_a"], report
+        assert report["suspect_devices"] == []

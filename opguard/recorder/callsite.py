@@ -52,6 +52,7 @@ class CallSites:
     def __init__(self, writer: TraceWriter) -> None:
         self._writer = writer
         self._rules = _classifier()
+        self._locations: dict[int, tuple[str, int]] = {}  # site id -> (file, line)
         self._walker = _C.StackWalker(self._is_user_code, self._site_id)
 
     def _is_user_code(self, code: CodeType) -> bool:
@@ -66,9 +67,15 @@ class CallSites:
     def _site_id(self, frame: FrameType) -> int:
         code, line = frame.f_code, frame.f_lineno or 0
         filename, function = code.co_filename, code.co_name
-        return self._writer.intern_site(
+        ident = self._writer.intern_site(
             (filename, line, function), lambda: _site_payload(filename, line, function)
         )
+        self._locations[ident] = (filename, line)
+        return ident
+
+    def location(self, ident: int) -> tuple[str, int] | None:
+        """(file, line) of an interned call site."""
+        return self._locations.get(ident)
 
     def capture(self) -> tuple[int, int] | None:
         """(call-site id, stack id) of the current Python stack, or None if no user frame."""

@@ -9,6 +9,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..capture_spec import DEFAULT_LIMIT, CaptureSpec
 from .session import RecordingSession, StepLimitReached
 
 
@@ -43,6 +44,8 @@ def run_recorded(
     command: list[str],
     eager: bool = False,
     verify_inputs: bool = False,
+    capture: CaptureSpec | None = None,
+    capture_limit: int = DEFAULT_LIMIT,
 ) -> int:
     """Runs ``target`` to its end (or to step ``steps``) while recording (with ``eager``:
     ``torch.compile`` turned off); returns the exit status the script itself would have had."""
@@ -54,6 +57,8 @@ def run_recorded(
         command=command,
         eager=eager,
         verify_inputs=verify_inputs,
+        capture=capture,
+        capture_limit=capture_limit,
     )
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [target.path, *target.args]

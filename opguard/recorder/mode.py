@@ -13,11 +13,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..store import schema
+from ..store.captures import INPUT, OUTPUT
 from .arguments import encode, generator_fingerprint
 from .callsite import CallSites
+from .capture import Capturer
 from .collectives import is_collective, wait
 from .kernels import KernelActivity
 from .ops import OpInfo, op_info
@@ -36,6 +40,7 @@ Pending = list[tuple[Fields, PendingFields]]  # entries whose GPU fingerprint is
 # differ between runs of the same program.
 UNRECORDED_NAMESPACES = frozenset({"profiler"})
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+DATALESS_TENSORS = (FakeTensor, FunctionalTensor)
 
 
 class StepState:
@@ -68,6 +73,8 @@ class OpRecorder(TorchDispatchMode):
         # The phase of ops run inside a compiled region's forward graph, where autograd has
         # turned gradients off (None: read it from the grad mode).
         self.region_phase: int | None = None
+        self.capture: Capturer | None = None  # set by record --capture
+        self._capturing = False  # whether the current op's tensors are captured
         self.active = True
         # Fingerprint every input again instead of reusing what its producer wrote: finds
         # writes the dispatcher never saw (NumPy views, extensions writing through pointers),
@@ -92,6 +99,10 @@ class OpRecorder(TorchDispatchMode):
         if not self.active or func.namespace in UNRECORDED_NAMESPACES:
             return func(*args, **kwargs)
         if any(t not in PLAIN_TENSORS for t in types):
+            if any(issubclass(t, DATALESS_TENSORS) for t in types):
+                # Fake and functional tensors (DTensor's sharding propagation, tracing) hold no
+                # data, and refuse to run while another mode is active: run them unrecorded.
+                return func(*args, **kwargs)
             # A tensor subclass (the functional collectives' AsyncCollectiveTensor, DTensor)
             # may hold no storage to read: let it unwrap itself; the ops it runs on plain
             # tensors come back through this mode and are recorded.
@@ -126,7 +137,7 @@ class OpRecorder(TorchDispatchMode):
         ``nested``: ``run`` records ops of its own (a compiled region's kernels), which come
         first in the trace and own their GPU work."""
         try:
-            pending = self._before(info, args, kwargs)
+            pending = self._before(info, args, kwargs, nested)
             if arguments:
                 pending[3].extend(arguments)
         except Exception as exc:
@@ -169,12 +180,18 @@ class OpRecorder(TorchDispatchMode):
 
     # -- before the op: inputs, arguments, RNG ----------------------------------------------
 
-    def _before(self, info: OpInfo, args: tuple, kwargs: dict) -> tuple:
+    def _before(self, info: OpInfo, args: tuple, kwargs: dict, nested: bool) -> tuple:
         if self._writer.error is not None:
             raise RuntimeError(f"trace writer failed: {self._writer.error}")
         self._provenance.settle()
         self._pending = []
         self._base = None
+        # A unit with ops of its own inside gets its index only after them: not captured.
+        self._capturing = (
+            not nested
+            and self.capture is not None
+            and self.capture.wants(self.next_index, info.name, self._site_now)
+        )
         inputs: list[Fields] = []
         written: list[tuple[str, torch.Tensor]] = []
         arguments: list[list[Any]] = []
@@ -188,7 +205,7 @@ class OpRecorder(TorchDispatchMode):
             passed = set(names[: len(args)]).union(kwargs)
             arguments.extend([name, value] for name, value in info.defaults if name not in passed)
         rng = self._rng_state(kwargs.get("generator"), args, kwargs) if info.is_random else None
-        return info, inputs, written, arguments, rng, self._pending, self._base
+        return info, inputs, written, arguments, rng, self._pending, self._base, self._capturing
 
     def _classify(
         self,
@@ -203,7 +220,7 @@ class OpRecorder(TorchDispatchMode):
             if name in info.written_args:
                 written.append((name, value))
             if name not in info.out_args:
-                inputs.append(self._input_entry(name, value))
+                self._add_input(inputs, name, value)
         elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
             for k, item in enumerate(value):
                 if isinstance(item, torch.Tensor):
@@ -211,9 +228,28 @@ class OpRecorder(TorchDispatchMode):
                     if name in info.written_args:
                         written.append((slot, item))
                     if name not in info.out_args:
-                        inputs.append(self._input_entry(slot, item))
+                        self._add_input(inputs, slot, item)
         elif name != "generator":
             arguments.append([name, encode(value)])
+
+    def _add_input(self, inputs: list[Fields], slot: str, tensor: torch.Tensor) -> None:
+        entry = self._input_entry(slot, tensor)
+        if self._capturing and self.capture is not None and not _flagged_uninitialized(entry):
+            self.capture.take(self.next_index, INPUT, len(inputs), slot, tensor)
+        inputs.append(entry)
+
+    def _site_now(self) -> tuple[str, int] | None:
+        """The (file, line) the op will be recorded at, looked up before it runs (for
+        ``--capture FILE:LINE``): a backward op's is its forward op's."""
+        site: int | None = None
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            forward = self._forward_sites.get(node._sequence_nr())
+            site = forward[1] if forward is not None else None
+        if site is None:
+            located = self._sites.capture()
+            site = located[0] if located is not None else None
+        return self._sites.location(site) if site is not None else None
 
     def _input_entry(self, slot: str, tensor: torch.Tensor) -> Fields:
         entry = describe(tensor, slot)
@@ -272,12 +308,12 @@ class OpRecorder(TorchDispatchMode):
 
     def _after(self, pending: tuple, out: Any) -> None:
         # The scratch state of this op, which ops recorded inside it (a compiled region's) reset.
-        info, inputs, written, arguments, rng, self._pending, self._base = pending
+        info, inputs, written, arguments, rng, self._pending, self._base, self._capturing = pending
         index = self.next_index
         written_ids = {id(t) for _, t in written}
         outputs: list[Fields] = []
         seen: set[int] = set()
-        for slot, tensor in _returned_tensors(out):
+        for slot, tensor in returned_tensors(out):
             self._output(index, info, slot, tensor, inputs, outputs, id(tensor) in written_ids)
             seen.add(id(tensor))
         for slot, tensor in written:
@@ -317,7 +353,7 @@ class OpRecorder(TorchDispatchMode):
     ) -> None:
         entry = describe(tensor, slot)
         fields: Fields | PendingFields | None
-        if info.uninitialized_output:
+        if info.uninitialized_output or slot in info.uninitialized_slots:
             fields = {"f": schema.FLAG_UNINITIALIZED}
         elif self._in_flight:
             fields = None
@@ -347,6 +383,13 @@ class OpRecorder(TorchDispatchMode):
             entry["f"] = entry.get("f", 0) | schema.FLAG_WRITTEN
         output_slot = len(outputs)
         outputs.append(entry)
+        if (
+            self._capturing
+            and self.capture is not None
+            and not self._in_flight
+            and not _flagged_uninitialized(entry)
+        ):
+            self.capture.take(index, OUTPUT, output_slot, slot, tensor)
         self._provenance.remember(
             tensor,
             index,
@@ -400,7 +443,7 @@ def failure_info(index: int, exc: BaseException) -> dict[str, Any]:
     }
 
 
-def _returned_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
+def returned_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
     """(slot, tensor) for every plain tensor an op returned, nested lists included. A tensor
     subclass wrapping another (``_c10d_functional::_wrap_tensor_autograd``) is left out: it
     may have no storage, and its content is recorded where it is unwrapped."""
@@ -450,6 +493,10 @@ def _op_device(args: tuple, kwargs: dict) -> torch.device:
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+def _flagged_uninitialized(entry: Fields) -> bool:
+    return bool(entry.get("f", 0) & schema.FLAG_UNINITIALIZED)
 
 
 def _uninitialized(fields: Fields | PendingFields | None) -> bool:

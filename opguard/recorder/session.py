@@ -22,9 +22,11 @@ from torch.optim.optimizer import (
 )
 
 from .. import _C, __version__
+from ..capture_spec import DEFAULT_LIMIT, CaptureSpec, format_size
 from ..store import TraceError, TraceWriter, schema
 from ..store.meta import read_meta, recorded_environment, write_meta
 from . import compiled
+from .capture import Capturer
 from .kernels import KernelActivity
 from .mode import OpRecorder, StepState, collect_deferred, failure_info
 from .ranks import distributed_info, env_rank, prepared_by_parent, wait_for_rank0
@@ -82,6 +84,8 @@ class RecordingSession:
         rank: int | None = None,
         eager: bool = False,
         verify_inputs: bool = False,
+        capture: CaptureSpec | None = None,
+        capture_limit: int = DEFAULT_LIMIT,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.rank = env_rank() if rank is None else rank
@@ -95,6 +99,9 @@ class RecordingSession:
         self.failure: dict[str, Any] | None = None
         self.state = StepState()
         self._overwrite = overwrite
+        self.capture = capture
+        self.capture_limit = capture_limit
+        self._capturer: Capturer | None = None
         self._recorder: OpRecorder | None = None
         self._hooks: list[Any] = []
         self._stopped_reason: str | None = None
@@ -128,6 +135,9 @@ class RecordingSession:
         )
         self._recorder = OpRecorder(self.writer, self.state, self._on_failure)
         self._recorder.verify_inputs = self.verify_inputs
+        if self.capture is not None:
+            self._capturer = Capturer(self.capture, self.capture_limit, self.writer)
+            self._recorder.capture = self._capturer
         self._start_gpu_activity()
         self._hooks = [
             register_optimizer_step_pre_hook(self._optimizer_pre),
@@ -159,6 +169,8 @@ class RecordingSession:
         self._note_distributed()
         if self._distributed is not None:
             self.writer.put_info("distributed", self._distributed)
+        if self._capturer is not None:
+            self._report_capture(self._capturer)
         for hook in self._hooks:
             hook.remove()
         _active = None
@@ -183,6 +195,20 @@ class RecordingSession:
                 "recorder_failure": self.failure and self.failure["error"],
             }
             write_meta(self.run_dir, self.meta)
+
+    def _report_capture(self, capturer: Capturer) -> None:
+        """Writes what was captured into the trace, and says on stderr when the cap stopped
+        it: a skipped tensor is evidence the person asked for and will not find."""
+        summary = capturer.summary()
+        self.writer.put_info("capture", summary)
+        if summary["limit_hit"]:
+            op, direction, slot = summary["first_skipped"]
+            print(
+                f"opguard: capture limit {format_size(self.capture_limit)} reached: "
+                f"{summary['skipped']} tensor(s) not captured, the first {direction} {slot} "
+                f"of op {op} (raise --capture-limit)",
+                file=sys.stderr,
+            )
 
     @property
     def _owns_meta(self) -> bool:
@@ -286,6 +312,11 @@ class RecordingSession:
             # "disabled": recorded with torch.compile turned off (opguard record --eager)
             "torch_compile": "disabled" if self.eager else "enabled",
             "verify_inputs": self.verify_inputs,
+            **(
+                {"capture": {"spec": self.capture.text, "limit": self.capture_limit}}
+                if self.capture is not None
+                else {}
+            ),
             "started": time.time(),
             "status": "running",
         }
@@ -299,6 +330,8 @@ def record(
     rank: int | None = None,
     eager: bool = False,
     verify_inputs: bool = False,
+    capture: str | None = None,
+    capture_limit: int = DEFAULT_LIMIT,
 ) -> RecordingSession:
     """Records every op run inside the ``with`` block into ``run_dir``.
 
@@ -308,6 +341,9 @@ def record(
     ``torch.compile`` off while recording (compiled functions run their Python code).
     ``verify_inputs`` fingerprints every input when it is read, so writes no recorded op made
     show up (slower).
+    processes rank 0 prepares ``run_dir`` and the others wait for it. ``capture`` (a SPEC, see
+    :mod:`opguard.capture_spec`) also stores the full tensors of those ops, up to
+    ``capture_limit`` bytes per rank.
     """
     return RecordingSession(
         run_dir,
@@ -316,6 +352,8 @@ def record(
         rank=rank,
         eager=eager,
         verify_inputs=verify_inputs,
+        capture=CaptureSpec.parse(capture) if capture is not None else None,
+        capture_limit=capture_limit,
     )
 
 

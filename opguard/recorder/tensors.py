@@ -26,6 +26,11 @@ def _dtype_info(dtype: torch.dtype) -> tuple[str, int, int]:
     return info
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The stored name of a dtype (``float32``, ``bfloat16``)."""
+    return _dtype_info(dtype)[0]
+
+
 _CUDA_NAMES: dict[int, str] = {}
 
 

@@ -81,7 +81,8 @@ class TraceWriter:
         # activity by op index, which arrives from CUPTI later than the ops themselves.
         self.poll_kernels: Callable[[bool], dict[int, list[Any]]] | None = None
         # Called on the writer thread with a batch's deferred records before they are packed,
-        # so their GPU results can be collected in one native call instead of one per tensor.
+        # so their GPU results can be collected in one native call instead of one per tensor
+        # (op records only: captured tensors are packed by callables too).
         self.prepare_deferred: Callable[[list[Packer]], None] | None = None
         self.records_written = 0
         self.bytes_written = 0
@@ -123,7 +124,7 @@ class TraceWriter:
         started = time.perf_counter()
         packb = msgpack.Packer(use_bin_type=True).pack
         if self.prepare_deferred is not None:
-            deferred = [value for _, _, value in batch if callable(value)]
+            deferred = [value for db, _, value in batch if db == "ops" and callable(value)]
             if deferred:
                 self.prepare_deferred(deferred)
         by_db: dict[str, list[tuple[bytes, bytes]]] = {}
@@ -161,6 +162,11 @@ class TraceWriter:
             self._put_later("info", b"kernels_failure", f"{type(exc).__name__}: {exc}")
             return []
         return [("kernels", schema.op_key(op), items) for op, items in sorted(by_op.items())]
+
+    def put_capture(self, key: bytes, value: Packer) -> None:
+        """Queues a captured tensor (see :mod:`opguard.store.captures`); ``value`` is called
+        on the writer thread, so compression never runs on the training thread."""
+        self._put_later("captures", key, value)
 
     def put_info(self, key: str, value: Any) -> None:
         """Writes an ``info`` entry with the next batch (e.g. a recorder failure)."""

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from ...capture_spec import DEFAULT_LIMIT, CaptureSpec, SpecError, parse_size
 from ...store import TraceError
 from .base import CommandError
 
@@ -42,6 +43,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="PY",
         help="run under this interpreter (OpGuard must be installed there)",
     )
+    p.add_argument(
+        "--capture",
+        metavar="SPEC",
+        help="also store the full input and output tensors of these ops: comma-separated op "
+        "indices (812), ranges (800-820), op names (aten::addmm.default) or call sites "
+        "(train.py:42)",
+    )
+    p.add_argument(
+        "--capture-limit",
+        metavar="SIZE",
+        default=str(DEFAULT_LIMIT),
+        help="most bytes of tensors captured per rank (default 256MiB)",
+    )
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="-- SCRIPT.py [ARGS…]")
     p.set_defaults(run=run)
@@ -53,6 +67,11 @@ def run(args: argparse.Namespace) -> int:
         target_args = target_args[1:]
     if args.steps is not None and args.steps < 1:
         raise CommandError("--steps must be at least 1")
+    try:
+        capture = CaptureSpec.parse(args.capture) if args.capture is not None else None
+        capture_limit = parse_size(args.capture_limit)
+    except SpecError as exc:
+        raise CommandError(str(exc)) from None
     if args.python:
         return _run_elsewhere(args, target_args)
 
@@ -83,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
             command=command,
             eager=args.eager,
             verify_inputs=args.verify_inputs,
+            capture=capture,
+            capture_limit=capture_limit,
         )
     if args.module:
         target = Target(args.module, target_args, is_module=True)
@@ -104,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
         command=command,
         eager=args.eager,
         verify_inputs=args.verify_inputs,
+        capture=capture,
+        capture_limit=capture_limit,
     )
 
 
@@ -132,6 +155,8 @@ def _run_elsewhere(args: argparse.Namespace, target_args: list[str]) -> int:
     if args.overwrite:
         forwarded.append("--overwrite")
     forwarded += _switches(args)
+    if args.capture is not None:
+        forwarded += ["--capture", args.capture, "--capture-limit", args.capture_limit]
     if args.module:
         forwarded += ["-m", args.module]
     forwarded += ["--", *target_args]
