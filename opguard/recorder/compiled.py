@@ -183,18 +183,29 @@ def _run_region(mode: OpRecorder, func: Any, inputs: list[Any], *, name: str | N
         mode.region_phase = saved_phase
 
 
-def _region_info(mode: OpRecorder, name: str | None, kind: str) -> OpInfo:
-    op_name = f"{REGION_NAMESPACE}::{name + '.' if name else ''}{kind}"
+def unit_info(
+    mode: OpRecorder,
+    name: str,
+    arg_names: tuple[str, ...],
+    written: frozenset[str] = frozenset(),
+    write_only: frozenset[str] = frozenset(),
+) -> OpInfo:
+    """An op the dispatcher does not see (a region, a kernel), described like an ATen op."""
     return OpInfo(
-        name=op_name,
-        name_id=mode.intern_name(op_name),
-        arg_names=("inputs",),
-        written_args=frozenset(),
-        out_args=frozenset(),
+        name=name,
+        name_id=mode.intern_name(name),
+        arg_names=arg_names,
+        written_args=written,
+        out_args=write_only,
         is_view=False,
         is_random=False,
         uninitialized_output=False,
+        uninitialized_slots=frozenset(),
     )
+
+
+def _region_info(mode: OpRecorder, name: str | None, kind: str) -> OpInfo:
+    return unit_info(mode, f"{REGION_NAMESPACE}::{name + '.' if name else ''}{kind}", ("inputs",))
 
 
 _GRAPHS: weakref.WeakKeyDictionary[Any, list[list[Any]]] = weakref.WeakKeyDictionary()
@@ -293,17 +304,13 @@ class Kernel:
     arguments: list[list[Any]]
 
     def info(self, mode: OpRecorder) -> OpInfo:
-        op_name = f"{KERNEL_NAMESPACE}::{self.name}"
         written = {p for p in self.parameters if p.startswith(("out_ptr", "in_out_ptr"))}
-        return OpInfo(
-            name=op_name,
-            name_id=mode.intern_name(op_name),
-            arg_names=self.parameters,
-            written_args=frozenset(written | self.mutated),
-            out_args=frozenset(p for p in self.parameters if p.startswith("out_ptr")),
-            is_view=False,
-            is_random=False,
-            uninitialized_output=False,
+        return unit_info(
+            mode,
+            f"{KERNEL_NAMESPACE}::{self.name}",
+            self.parameters,
+            frozenset(written | self.mutated),
+            frozenset(p for p in self.parameters if p.startswith("out_ptr")),
         )
 
     def launch(self, run: Callable[..., Any], args: tuple) -> Any:
