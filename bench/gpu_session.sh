@@ -2,14 +2,14 @@
 # Everything GPU in one device session: build the extension for Hopper, run the cuda tests,
 # then the GPU benchmarks, writing each output under $OUT (default ./gpu-out).
 #
-#   bash bench/gpu_session.sh [tests] [bench] [ddp] [compile]     (default: all four)
+#   bash bench/gpu_session.sh [tests] [bench] [kernels] [ddp] [compile]   (default: all)
 #
 # On a machine without lmdb, put its wheel in .whl/ first (see docs/PERFORMANCE.md).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 ROOT=$PWD
-parts=${*:-tests bench ddp compile}
+parts=${*:-tests bench kernels ddp compile}
 
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
@@ -35,9 +35,10 @@ for part in $parts; do
       python3 "$ROOT/bench/fingerprint_gpu.py" --mib 512 2>&1 | tee "$OUT/fingerprint_gpu.txt"
       python3 "$ROOT/bench/overhead.py" --rounds 2 --steps 5 --json "$OUT/overhead.json" 2>&1 \
         | grep -v Warning | tee "$OUT/overhead.txt"
-      python3 "$ROOT/bench/overhead_profile.py" --steps 3 2>&1 | grep -v Warning | tee "$OUT/profile.txt"
+      python3 "$ROOT/bench/overhead_profile.py" --steps 3 2>&1 | grep -v Warning | tee "$OUT/profile.txt" ;;
+    kernels)
       python3 "$ROOT/bench/overhead_profile.py" --steps 2 --gpu --top 12 2>&1 | grep -v Warning \
-        | tail -14 | tee -a "$OUT/profile.txt" ;;
+        | tail -14 | tee "$OUT/profile_gpu.txt" ;;
     ddp)
       python3 -m torch.distributed.run --standalone --nproc-per-node 2 "$ROOT/bench/overhead.py" --rounds 2 --steps 5 \
         --no-debugmode --json "$OUT/overhead_ddp.json" > "$OUT/overhead_ddp.txt" 2>&1

@@ -63,11 +63,12 @@ def build(
 ) -> tuple[Callable[[], float], torch.nn.Module]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    ranked = distributed()  # first: it picks this rank's GPU
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_positions=seq)).cuda()
     model.train()
     trained: torch.nn.Module = model
-    if distributed():
+    if ranked:
         from torch.nn.parallel import DistributedDataParallel
 
         trained = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])

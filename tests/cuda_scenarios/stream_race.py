@@ -10,6 +10,9 @@ torch.manual_seed(0)
 source = torch.randn(1 << 22, device="cuda")
 target = torch.zeros(1 << 22, device="cuda")
 side = torch.cuda.Stream()
+# Load the reduction's kernel now: CUDA loads a kernel's module on its first launch, and that
+# load waits for the whole device, which would order the read after the write.
+torch.zeros(4, device="cuda").sum()
 torch.cuda.synchronize()
 torch.cuda._sleep(20_000_000)  # keeps the default stream busy for ~10 ms
 target.copy_(source)  # the write, queued behind it
