@@ -13,16 +13,20 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..store import schema
+from ..store.captures import INPUT, OUTPUT
 from .arguments import encode, generator_fingerprint
 from .callsite import CallSites
+from .capture import Capturer
 from .collectives import is_collective, wait
 from .kernels import KernelActivity
 from .ops import OpInfo, op_info
 from .provenance import Provenance
-from .tensors import PendingFields, describe, fingerprint_fields, view_fields
+from .tensors import PendingFields, describe, fingerprint_fields, resolve_all, view_fields
 
 _BACKWARD = schema.PHASES.index("backward")
 _OPTIMIZER = schema.PHASES.index("optimizer")
@@ -36,6 +40,7 @@ Pending = list[tuple[Fields, PendingFields]]  # entries whose GPU fingerprint is
 # differ between runs of the same program.
 UNRECORDED_NAMESPACES = frozenset({"profiler"})
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+DATALESS_TENSORS = (FakeTensor, FunctionalTensor)
 
 
 class TraceWriteFailed(RuntimeError):
@@ -69,9 +74,26 @@ class OpRecorder(TorchDispatchMode):
         self._in_flight = False
         self.next_index = 0
         self.kernels: KernelActivity | None = None  # set when CUPTI collects GPU activity
+        # The phase of ops run inside a compiled region's forward graph, where autograd has
+        # turned gradients off (None: read it from the grad mode).
+        self.region_phase: int | None = None
+        self.capture: Capturer | None = None  # set by record --capture
+        self._capturing = False  # whether the current op's tensors are captured
         self.active = True
+        # Fingerprint every input again instead of reusing what its producer wrote: finds
+        # writes the dispatcher never saw (NumPy views, extensions writing through pointers),
+        # which leave the version counter alone.
+        self.verify_inputs = False
 
     # -- dispatch -------------------------------------------------------------------------
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Lets ``torch.compile`` compile while recording: without this, Dynamo sees a user
+        dispatch mode and silently runs every compiled function eagerly, so the recorded run
+        would compute something else than the unrecorded one. Compiled regions come back to
+        this mode as units (:mod:`opguard.recorder.compiled`)."""
+        return True
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
@@ -81,36 +103,80 @@ class OpRecorder(TorchDispatchMode):
         if not self.active or func.namespace in UNRECORDED_NAMESPACES:
             return func(*args, **kwargs)
         if any(t not in PLAIN_TENSORS for t in types):
+            if any(issubclass(t, DATALESS_TENSORS) for t in types):
+                # Fake and functional tensors (DTensor's sharding propagation, tracing) hold no
+                # data, and refuse to run while another mode is active: run them unrecorded.
+                return func(*args, **kwargs)
             # A tensor subclass (the functional collectives' AsyncCollectiveTensor, DTensor)
             # may hold no storage to read: let it unwrap itself; the ops it runs on plain
             # tensors come back through this mode and are recorded.
             return NotImplemented
         try:
-            pending = self._before(func, args, kwargs)
+            info = self.info_for(func, lambda: op_info(func, self._writer.intern_name))
         except Exception as exc:
-            self._fail(exc)
+            self.fail(exc)
             return func(*args, **kwargs)
-        if self.kernels is None:
-            out = func(*args, **kwargs)
+        # An output still in flight is fingerprinted by its first reader, not here.
+        in_flight = (
+            (lambda out: not wait(func.namespace, func._opname, out))
+            if is_collective(func.namespace)
+            else None
+        )
+        return self.record_call(info, func, args, kwargs, in_flight=in_flight)
+
+    def record_call(
+        self,
+        info: OpInfo,
+        run: Callable[..., Any],
+        args: tuple,
+        kwargs: dict,
+        *,
+        in_flight: Callable[[Any], bool] | None = None,
+        arguments: list[list[Any]] | None = None,
+        nested: bool = False,
+    ) -> Any:
+        """Runs ``run(*args, **kwargs)`` once and records it as one op described by ``info``:
+        an ATen op, or a unit the dispatcher does not see (a compiled region, a generated
+        kernel). ``arguments``: extra non-tensor arguments to record (e.g. a code digest).
+        ``nested``: ``run`` records ops of its own (a compiled region's kernels), which come
+        first in the trace and own their GPU work."""
+        try:
+            pending = self._before(info, args, kwargs, nested)
+            if arguments:
+                pending[3].extend(arguments)
+        except Exception as exc:
+            self.fail(exc)
+            return run(*args, **kwargs)
+        if self.kernels is None or nested:
+            out = run(*args, **kwargs)
         else:  # GPU work launched by the op is tied to its index
             self.kernels.push(self.next_index)
             try:
-                out = func(*args, **kwargs)
+                out = run(*args, **kwargs)
             finally:
                 self.kernels.pop()
-        # An output still in flight is fingerprinted by its first reader, not here.
-        self._in_flight = is_collective(func.namespace) and not wait(
-            func.namespace, func._opname, out
-        )
+        self._in_flight = in_flight is not None and in_flight(out)
         try:
             self._after(pending, out)
         except Exception as exc:
-            self._fail(exc)
+            self.fail(exc)
         return out
 
-    def _fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
+        """Stops recording (the training goes on) and reports why."""
         self.active = False
         self._on_failure(self.next_index, exc)
+
+    def intern_name(self, name: str) -> int:
+        return int(self._writer.intern_name(name))
+
+    def info_for(self, key: Any, build: Callable[[], OpInfo]) -> OpInfo:
+        """The cached :class:`OpInfo` of ``key`` (an ATen overload, a compiled region, a
+        generated kernel), built on first use: op names are interned per trace."""
+        info = self._infos.get(key)
+        if info is None:
+            info = self._infos[key] = build()
+        return info
 
     def forget_step(self) -> None:
         """Drops per-step state at a step boundary: the forward call sites of backward ops."""
@@ -118,15 +184,18 @@ class OpRecorder(TorchDispatchMode):
 
     # -- before the op: inputs, arguments, RNG ----------------------------------------------
 
-    def _before(self, func: Any, args: tuple, kwargs: dict) -> tuple:
+    def _before(self, info: OpInfo, args: tuple, kwargs: dict, nested: bool) -> tuple:
         if self._writer.error is not None:
             raise TraceWriteFailed(self._writer.failure_message())
         self._provenance.settle()
         self._pending = []
         self._base = None
-        info = self._infos.get(func)
-        if info is None:
-            info = self._infos[func] = op_info(func, self._writer.intern_name)
+        # A unit with ops of its own inside gets its index only after them: not captured.
+        self._capturing = (
+            not nested
+            and self.capture is not None
+            and self.capture.wants(self.next_index, info.name, self._site_now)
+        )
         inputs: list[Fields] = []
         written: list[tuple[str, torch.Tensor]] = []
         arguments: list[list[Any]] = []
@@ -140,7 +209,7 @@ class OpRecorder(TorchDispatchMode):
             passed = set(names[: len(args)]).union(kwargs)
             arguments.extend([name, value] for name, value in info.defaults if name not in passed)
         rng = self._rng_state(kwargs.get("generator"), args, kwargs) if info.is_random else None
-        return info, inputs, written, arguments, rng
+        return info, inputs, written, arguments, rng, self._pending, self._base, self._capturing
 
     def _classify(
         self,
@@ -155,7 +224,7 @@ class OpRecorder(TorchDispatchMode):
             if name in info.written_args:
                 written.append((name, value))
             if name not in info.out_args:
-                inputs.append(self._input_entry(name, value))
+                self._add_input(inputs, name, value)
         elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
             for k, item in enumerate(value):
                 if isinstance(item, torch.Tensor):
@@ -163,15 +232,36 @@ class OpRecorder(TorchDispatchMode):
                     if name in info.written_args:
                         written.append((slot, item))
                     if name not in info.out_args:
-                        inputs.append(self._input_entry(slot, item))
+                        self._add_input(inputs, slot, item)
         elif name != "generator":
             arguments.append([name, encode(value)])
+
+    def _add_input(self, inputs: list[Fields], slot: str, tensor: torch.Tensor) -> None:
+        entry = self._input_entry(slot, tensor)
+        if self._capturing and self.capture is not None and not _flagged_uninitialized(entry):
+            self.capture.take(self.next_index, INPUT, len(inputs), slot, tensor)
+        inputs.append(entry)
+
+    def _site_now(self) -> tuple[str, int] | None:
+        """The (file, line) the op will be recorded at, looked up before it runs (for
+        ``--capture FILE:LINE``): a backward op's is its forward op's."""
+        site: int | None = None
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            forward = self._forward_sites.get(node._sequence_nr())
+            site = forward[1] if forward is not None else None
+        if site is None:
+            located = self._sites.capture()
+            site = located[0] if located is not None else None
+        return self._sites.location(site) if site is not None else None
 
     def _input_entry(self, slot: str, tensor: torch.Tensor) -> Fields:
         entry = describe(tensor, slot)
         known, exact = self._provenance.find(tensor)
         fields: Fields | PendingFields | None = None
-        if known is not None and exact:
+        if known is not None and exact and self.verify_inputs:
+            fields = fingerprint_fields(tensor)
+        elif known is not None and exact:
             if known.fields is None:
                 known.fields = fingerprint_fields(tensor)
             fields = known.fields
@@ -221,12 +311,13 @@ class OpRecorder(TorchDispatchMode):
     # -- after the op: outputs, call site, record ------------------------------------------
 
     def _after(self, pending: tuple, out: Any) -> None:
-        info, inputs, written, arguments, rng = pending
+        # The scratch state of this op, which ops recorded inside it (a compiled region's) reset.
+        info, inputs, written, arguments, rng, self._pending, self._base, self._capturing = pending
         index = self.next_index
         written_ids = {id(t) for _, t in written}
         outputs: list[Fields] = []
         seen: set[int] = set()
-        for slot, tensor in _returned_tensors(out):
+        for slot, tensor in returned_tensors(out):
             self._output(index, info, slot, tensor, inputs, outputs, id(tensor) in written_ids)
             seen.add(id(tensor))
         for slot, tensor in written:
@@ -248,7 +339,7 @@ class OpRecorder(TorchDispatchMode):
         if out is not None and not outputs:
             record["v"] = encode(out)  # a returned scalar, e.g. the value of .item()
         if self._pending:
-            self._writer.append(index, _finisher(record, self._pending))
+            self._writer.append(index, DeferredRecord(record, self._pending))
         else:
             self._writer.append(index, record)
         # Counted once queued: a failure above reports this op as the first one not recorded.
@@ -266,7 +357,7 @@ class OpRecorder(TorchDispatchMode):
     ) -> None:
         entry = describe(tensor, slot)
         fields: Fields | PendingFields | None
-        if info.uninitialized_output:
+        if info.uninitialized_output or slot in info.uninitialized_slots:
             fields = {"f": schema.FLAG_UNINITIALIZED}
         elif self._in_flight:
             fields = None
@@ -296,6 +387,13 @@ class OpRecorder(TorchDispatchMode):
             entry["f"] = entry.get("f", 0) | schema.FLAG_WRITTEN
         output_slot = len(outputs)
         outputs.append(entry)
+        if (
+            self._capturing
+            and self.capture is not None
+            and not self._in_flight
+            and not _flagged_uninitialized(entry)
+        ):
+            self.capture.take(index, OUTPUT, output_slot, slot, tensor)
         self._provenance.remember(
             tensor,
             index,
@@ -323,6 +421,8 @@ class OpRecorder(TorchDispatchMode):
             record["p"] = (
                 _OPTIMIZER
                 if steps.in_optimizer
+                else self.region_phase
+                if self.region_phase is not None
                 else (_FORWARD if torch.is_grad_enabled() else _OTHER)
             )
             located = self._sites.capture()
@@ -347,7 +447,7 @@ def failure_info(index: int, exc: BaseException) -> dict[str, Any]:
     }
 
 
-def _returned_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
+def returned_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
     """(slot, tensor) for every plain tensor an op returned, nested lists included. A tensor
     subclass wrapping another (``_c10d_functional::_wrap_tensor_autograd``) is left out: it
     may have no storage, and its content is recorded where it is unwrapped."""
@@ -367,15 +467,24 @@ def _returned_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
     return found
 
 
-def _finisher(record: Fields, pending: Pending) -> Callable[[], Fields]:
+class DeferredRecord:
     """A record completed on the writer thread, once its GPU fingerprints have landed."""
 
-    def finish() -> Fields:
-        for entry, fields in pending:
-            entry.update(fields.resolve())
-        return record
+    __slots__ = ("pending", "record")
 
-    return finish
+    def __init__(self, record: Fields, pending: Pending) -> None:
+        self.record = record
+        self.pending = pending
+
+    def __call__(self) -> Fields:
+        for entry, fields in self.pending:
+            entry.update(fields.resolve())
+        return self.record
+
+
+def collect_deferred(records: list[Any]) -> None:
+    """Writer hook: the GPU results of a batch of deferred records, in one native call."""
+    resolve_all([fields for record in records for _, fields in record.pending])
 
 
 def _op_device(args: tuple, kwargs: dict) -> torch.device:
@@ -388,6 +497,10 @@ def _op_device(args: tuple, kwargs: dict) -> torch.device:
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+def _flagged_uninitialized(entry: Fields) -> bool:
+    return bool(entry.get("f", 0) & schema.FLAG_UNINITIALIZED)
 
 
 def _uninitialized(fields: Fields | PendingFields | None) -> bool:

@@ -22,10 +22,13 @@ from torch.optim.optimizer import (
 )
 
 from .. import _C, __version__
+from ..capture_spec import DEFAULT_LIMIT, CaptureSpec, format_size
 from ..store import TraceError, TraceWriter, schema
 from ..store.meta import read_meta, recorded_environment, write_meta
+from . import compiled
+from .capture import Capturer
 from .kernels import KernelActivity
-from .mode import OpRecorder, StepState, TraceWriteFailed, failure_info
+from .mode import OpRecorder, StepState, TraceWriteFailed, collect_deferred, failure_info
 from .ranks import distributed_info, env_rank, prepared_by_parent, wait_for_rank0
 from .termination import Terminated, catch_sigterm, die_of_sigterm, release_sigterm
 
@@ -81,6 +84,10 @@ class RecordingSession:
         overwrite: bool = False,
         command: list[str] | None = None,
         rank: int | None = None,
+        eager: bool = False,
+        verify_inputs: bool = False,
+        capture: CaptureSpec | None = None,
+        capture_limit: int = DEFAULT_LIMIT,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.rank = env_rank() if rank is None else rank
@@ -94,9 +101,15 @@ class RecordingSession:
         self.failure: dict[str, Any] | None = None
         self.state = StepState()
         self._overwrite = overwrite
+        self.capture = capture
+        self.capture_limit = capture_limit
+        self._capturer: Capturer | None = None
         self._recorder: OpRecorder | None = None
         self._hooks: list[Any] = []
         self._stopped_reason: str | None = None
+        self.eager = eager
+        self.verify_inputs = verify_inputs
+        self._compile_settings = compiled.CompileSettings(eager)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -123,6 +136,10 @@ class RecordingSession:
             },
         )
         self._recorder = OpRecorder(self.writer, self.state, self._on_failure)
+        self._recorder.verify_inputs = self.verify_inputs
+        if self.capture is not None:
+            self._capturer = Capturer(self.capture, self.capture_limit, self.writer)
+            self._recorder.capture = self._capturer
         self._start_gpu_activity()
         self._hooks = [
             register_optimizer_step_pre_hook(self._optimizer_pre),
@@ -134,6 +151,9 @@ class RecordingSession:
         # untouched; cycles that become garbage among those objects wait until close().
         gc.freeze()
         catch_sigterm()
+        compiled.register(OpRecorder)
+        compiled.attach(self._recorder)
+        self._compile_settings.apply()
         self._recorder.__enter__()
         _active = self
         return self
@@ -149,10 +169,14 @@ class RecordingSession:
         recorder, self._recorder = self._recorder, None
         recorder.__exit__(None, None, None)
         release_sigterm()
+        compiled.attach(None)
+        self._compile_settings.restore()
         gc.unfreeze()
         self._note_distributed()
         if self._distributed is not None:
             self.writer.put_info("distributed", self._distributed)
+        if self._capturer is not None:
+            self._report_capture(self._capturer)
         for hook in self._hooks:
             hook.remove()
         _active = None
@@ -188,6 +212,20 @@ class RecordingSession:
         except (OSError, TraceError) as exc:
             print(f"opguard: could not complete {schema.META_FILE}: {exc}", file=sys.stderr)
 
+    def _report_capture(self, capturer: Capturer) -> None:
+        """Writes what was captured into the trace, and says on stderr when the cap stopped
+        it: a skipped tensor is evidence the person asked for and will not find."""
+        summary = capturer.summary()
+        self.writer.put_info("capture", summary)
+        if summary["limit_hit"]:
+            op, direction, slot = summary["first_skipped"]
+            print(
+                f"opguard: capture limit {format_size(self.capture_limit)} reached: "
+                f"{summary['skipped']} tensor(s) not captured, the first {direction} {slot} "
+                f"of op {op} (raise --capture-limit)",
+                file=sys.stderr,
+            )
+
     @property
     def _owns_meta(self) -> bool:
         return self.rank == 0 and not self._prepared
@@ -215,6 +253,7 @@ class RecordingSession:
         says in the trace what GPU recording could and could not use."""
         if not torch.cuda.is_available():
             return
+        self.writer.prepare_deferred = collect_deferred
         fingerprints = _C.cuda_status()
         if os.environ.get("OPGUARD_KERNELS", "1") == "0":
             activity, reason = None, "kernel collection turned off (OPGUARD_KERNELS=0)"
@@ -288,6 +327,14 @@ class RecordingSession:
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
             "env": recorded_environment(),
             "steps_limit": self.steps_limit,
+            # "disabled": recorded with torch.compile turned off (opguard record --eager)
+            "torch_compile": "disabled" if self.eager else "enabled",
+            "verify_inputs": self.verify_inputs,
+            **(
+                {"capture": {"spec": self.capture.text, "limit": self.capture_limit}}
+                if self.capture is not None
+                else {}
+            ),
             "started": time.time(),
             "status": "running",
         }
@@ -299,14 +346,33 @@ def record(
     steps: int | None = None,
     overwrite: bool = False,
     rank: int | None = None,
+    eager: bool = False,
+    verify_inputs: bool = False,
+    capture: str | None = None,
+    capture_limit: int = DEFAULT_LIMIT,
 ) -> RecordingSession:
     """Records every op run inside the ``with`` block into ``run_dir``.
 
     ``steps`` stops recording (not the training) after that many optimizer steps. ``rank``
     (default: ``RANK`` from the environment) picks ``run_dir/rank-K``; in a job of several
-    processes rank 0 prepares ``run_dir`` and the others wait for it.
+    processes rank 0 prepares ``run_dir`` and the others wait for it. ``eager`` turns
+    ``torch.compile`` off while recording (compiled functions run their Python code).
+    ``verify_inputs`` fingerprints every input when it is read, so writes no recorded op made
+    show up (slower).
+    processes rank 0 prepares ``run_dir`` and the others wait for it. ``capture`` (a SPEC, see
+    :mod:`opguard.capture_spec`) also stores the full tensors of those ops, up to
+    ``capture_limit`` bytes per rank.
     """
-    return RecordingSession(run_dir, steps=steps, overwrite=overwrite, rank=rank)
+    return RecordingSession(
+        run_dir,
+        steps=steps,
+        overwrite=overwrite,
+        rank=rank,
+        eager=eager,
+        verify_inputs=verify_inputs,
+        capture=CaptureSpec.parse(capture) if capture is not None else None,
+        capture_limit=capture_limit,
+    )
 
 
 def step() -> None:

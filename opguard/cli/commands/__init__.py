@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from . import demo, diff, explain, record, show, tui
+from . import capture, demo, diff, explain, nan, record, replay, show, tensor, tui
 from .base import CommandError
 
-ALL = (record, show, diff, explain, demo, tui)
+ALL = (record, show, diff, explain, demo, tui, capture, tensor, replay, nan)
 
 __all__ = ["ALL", "CommandError"]

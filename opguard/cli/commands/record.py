@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ...capture_spec import DEFAULT_LIMIT, CaptureSpec, SpecError, parse_size
 from ...store import TraceError
 from .base import CommandError
 
@@ -30,9 +31,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run in RUN_DIR")
     p.add_argument(
+        "--eager",
+        action="store_true",
+        help="turn torch.compile off: compiled functions run eagerly, op by op",
+    )
+    p.add_argument(
+        "--verify-inputs",
+        action="store_true",
+        help="fingerprint every op input again (slower): shows writes no recorded op made",
+    )
+    p.add_argument(
         "--python",
         metavar="PY",
         help="run under this interpreter (OpGuard must be installed there)",
+    )
+    p.add_argument(
+        "--capture",
+        metavar="SPEC",
+        help="also store the full input and output tensors of these ops: comma-separated op "
+        "indices (812), ranges (800-820), op names (aten::addmm.default) or call sites "
+        "(train.py:42)",
+    )
+    p.add_argument(
+        "--capture-limit",
+        metavar="SIZE",
+        default=str(DEFAULT_LIMIT),
+        help="most bytes of tensors captured per rank (default 256MiB)",
     )
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="-- SCRIPT.py [ARGS…]")
@@ -45,6 +69,11 @@ def run(args: argparse.Namespace) -> int:
         target_args = target_args[1:]
     if args.steps is not None and args.steps < 1:
         raise CommandError("--steps must be at least 1")
+    try:
+        capture = CaptureSpec.parse(args.capture) if args.capture is not None else None
+        capture_limit = parse_size(args.capture_limit)
+    except SpecError as exc:
+        raise CommandError(str(exc)) from None
     if args.python:
         return _run_elsewhere(args, target_args)
 
@@ -53,13 +82,30 @@ def run(args: argparse.Namespace) -> int:
 
     launcher = torchrun_argv(target_args, args.module)
     if launcher is not None:
-        command = ["opguard", "record", "-o", args.output, "--", "torchrun", *launcher]
+        command = [
+            "opguard",
+            "record",
+            "-o",
+            args.output,
+            *_switches(args),
+            "--",
+            "torchrun",
+            *launcher,
+        ]
         try:
             job = parse_job(launcher)
         except TraceError as exc:
             raise CommandError(str(exc)) from None
         return run_torchrun(
-            job, Path(args.output), steps=args.steps, overwrite=args.overwrite, command=command
+            job,
+            Path(args.output),
+            steps=args.steps,
+            overwrite=args.overwrite,
+            command=command,
+            eager=args.eager,
+            verify_inputs=args.verify_inputs,
+            capture=capture,
+            capture_limit=capture_limit,
         )
     if args.module:
         if not _module_found(args.module):
@@ -74,10 +120,27 @@ def run(args: argparse.Namespace) -> int:
         target = Target(script, target_args[1:])
     # As typed, so that it replays: `-m MODULE ARGS…` or `-- SCRIPT ARGS…`.
     where = target.describe() if target.is_module else ["--", *target.describe()]
-    command = ["opguard", "record", "-o", args.output, *where]
+    command = ["opguard", "record", "-o", args.output, *_switches(args), *where]
     return run_recorded(
-        target, Path(args.output), steps=args.steps, overwrite=args.overwrite, command=command
+        target,
+        Path(args.output),
+        steps=args.steps,
+        overwrite=args.overwrite,
+        command=command,
+        eager=args.eager,
+        verify_inputs=args.verify_inputs,
+        capture=capture,
+        capture_limit=capture_limit,
     )
+
+
+def _switches(args: argparse.Namespace) -> list[str]:
+    """The recording switches as typed, for the replayable command and other interpreters."""
+    return [
+        flag
+        for flag, on in (("--eager", args.eager), ("--verify-inputs", args.verify_inputs))
+        if on
+    ]
 
 
 def _run_elsewhere(args: argparse.Namespace, target_args: list[str]) -> int:
@@ -95,6 +158,9 @@ def _run_elsewhere(args: argparse.Namespace, target_args: list[str]) -> int:
         forwarded += ["--steps", str(args.steps)]
     if args.overwrite:
         forwarded.append("--overwrite")
+    forwarded += _switches(args)
+    if args.capture is not None:
+        forwarded += ["--capture", args.capture, "--capture-limit", args.capture_limit]
     if args.module:
         forwarded += ["-m", args.module]
     forwarded += ["--", *target_args]
