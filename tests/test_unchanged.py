@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scenario_runs import ENV, RECORDINGS, Recordings, session_recordings
+from scenario_runs import ENV, RECORDINGS, SCRIPT_ARGS, Recordings, session_recordings
 
 from opguard.store import Run
 
 ITEM_VALUES = Path(__file__).resolve().parent / "scripts" / "item_values.py"
 # Every scenario script once, to its end (not the reruns, nor the one stopped by --steps).
-SCRIPTS = [name for name, (_, options) in RECORDINGS.items() if not options and name != "rerun"]
+SCRIPTS = [name for name, (_, options) in RECORDINGS.items() if not options and "rerun" not in name]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_recording_changes_nothing_the_training_computes(
     (run_dir,) = runs(name)
     script, _ = RECORDINGS[name]
     plain = subprocess.run(
-        [sys.executable, str(ITEM_VALUES), str(script)],
+        [sys.executable, str(ITEM_VALUES), str(script), *SCRIPT_ARGS.get(name, ())],
         cwd=tmp_path,
         env={**os.environ, **ENV},
         capture_output=True,
