@@ -323,9 +323,15 @@ def _path_commands(g: Path, other: Path, p: Path, expect: str) -> Iterator[list[
     yield ["diff", str(p), str(other), "--json"]
     yield ["explain", str(g), str(p)]
     yield ["explain", str(p), str(g), "--json"]
-    if expect == ERROR:  # a readable pair would start the terminal UI
+    yield ["nan", str(p)]
+    yield ["nan", str(p), "--json"]
+    yield ["tensor", str(g), str(p), "--op", "3", "--json"]
+    yield ["replay", str(p), "--op", "3", "--against", str(g)]
+    if expect == ERROR:  # a readable pair would start the terminal UI, or record again
         yield ["tui", str(g), str(p)]
         yield ["tui", str(p), str(g)]
+        yield ["capture", str(g), str(p)]
+        yield ["capture", str(p), str(g)]
 
 
 def _argument_cases(t: dict[str, Path], d: Path) -> dict[str, list[str]]:
@@ -367,6 +373,19 @@ def _argument_cases(t: dict[str, Path], d: Path) -> dict[str, list[str]]:
             *("record", "-o", out, "--python", str(d / "no-python"), "--", str(script)),
         ],
         "demo-dir-a-file": ["demo", "--dir", str(d / "a-file")],
+        "nan-no-run": ["nan"],
+        "nan-absent-rank": ["nan", g, "--rank", "9"],
+        "tensor-no-op": ["tensor", g, g2],
+        "tensor-bad-op": ["tensor", g, g2, "--op", "x"],
+        "tensor-uncaptured-op": ["tensor", g, g2, "--op", "3"],
+        "tensor-input-and-output": ["tensor", g, g2, "--op", "3", "--input", "0", "--output", "0"],
+        "replay-no-op": ["replay", g],
+        "replay-zero-times": ["replay", g, "--op", "0", "--times", "0"],
+        "replay-uncaptured-op": ["replay", g, "--op", "3"],
+        "replay-op-b-alone": ["replay", g, "--op", "3", "--op-b", "3"],
+        "capture-one-run": ["capture", g],
+        "capture-negative-window": ["capture", g, lr, "--window", "-1"],
+        "capture-bad-window": ["capture", g, lr, "--window", "x"],
     }
 
 
