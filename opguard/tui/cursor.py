@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from .rows import Row, Side, Status
+from ..analysis.rows import Row, Side, Status
 
 VISIBLE_CACHE = 32
 LOCAL_STEPS = 2  # stepping over or out looks no further than the next step

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from ..analysis import RankDiff, StepSummary
-from ..analysis.align import AlignReader, align, merge
-from ..analysis.keys import KeyTable, LightOp
 from ..store import CallSite, RankTrace
 from ..store.records import UNKNOWN_SITE
+from .align import AlignReader, align, merge
+from .diff import RankDiff, StepSummary
+from .keys import KeyTable, LightOp
 from .steps import StepIndex
 
 STEP_CACHE = 16
