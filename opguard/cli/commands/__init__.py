@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from . import demo, diff, explain, record, show, tui
+from . import demo, diff, explain, mcp, queries, record, show, tools, tui
 from .base import CommandError
 
-ALL = (record, show, diff, explain, demo, tui)
+ALL = (record, show, diff, explain, demo, tui, tools, queries, mcp)
 
 __all__ = ["ALL", "CommandError"]

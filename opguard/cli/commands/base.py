@@ -11,6 +11,17 @@ class CommandError(Exception):
     """A command cannot run with the input it was given (one line, exit status 2)."""
 
 
+def call_tool(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """The answer of tool ``name`` (:mod:`opguard.tools`, imported only now); its errors are
+    the command's."""
+    from ...tools import BY_NAME, ToolError
+
+    try:
+        return BY_NAME[name].call(arguments)
+    except ToolError as exc:
+        raise CommandError(str(exc)) from None
+
+
 def print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, separators=(",", ":"), default=str)
     sys.stdout.write("\n")

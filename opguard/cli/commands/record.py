@@ -6,10 +6,18 @@ import argparse
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 from ...store import TraceError
-from .base import CommandError
+from .base import CommandError, call_tool, print_json
+
+OUTPUT_TAIL = 20  # last lines of the script's stdout and stderr in the JSON answer
+LINE_CHARS = 300
+# `python -c` puts the working directory first on sys.path, where a source checkout of OpGuard
+# would shadow the installed package; the recorded script still runs in this directory.
+CHILD = "import sys; sys.path[:1] = [p for p in sys.path[:1] if p]; from opguard.cli import main; main()"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,6 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="run under this interpreter (OpGuard must be installed there)",
     )
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="record in a child process, its output captured, and print one JSON object: "
+        "exit status, ops and steps per rank, the output's last lines",
+    )
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="-- SCRIPT.py [ARGS…]")
     p.set_defaults(run=run)
 
@@ -41,6 +55,19 @@ def run(args: argparse.Namespace) -> int:
     target_args = list(args.target)
     if target_args and target_args[0] == "--":
         target_args = target_args[1:]
+    if args.json:
+        given = {
+            "output": args.output,
+            "steps": args.steps,
+            "python": args.python,
+            "module": args.module,
+            "overwrite": args.overwrite,
+            "script": target_args[0] if target_args and not args.module else None,
+            "args": target_args if args.module else target_args[1:],
+        }
+        answer_ = call_tool("record", given)
+        print_json(answer_)
+        return int(answer_["exit_code"])
     if args.steps is not None and args.steps < 1:
         raise CommandError("--steps must be at least 1")
     if args.python:
@@ -95,3 +122,32 @@ def _run_elsewhere(args: argparse.Namespace, target_args: list[str]) -> int:
         forwarded += ["-m", args.module]
     forwarded += ["--", *target_args]
     return subprocess.run([python, "-m", "opguard.recorder.launch", *forwarded]).returncode
+
+
+def answer(args: dict[str, Any]) -> dict[str, Any]:
+    """The ``record`` tool: ``opguard record`` in a child process whose output is captured (so
+    it never mixes with the answer, and the caller never imports torch), then the run's ops
+    and steps per rank as ``opguard show`` counts them."""
+    from ...tools import BY_NAME, ToolError
+    from .show import answer as show
+
+    if not args["script"] and not args["module"]:
+        raise ToolError("record needs a script (or a module)")
+    argv = BY_NAME["record"].argv(args, json=False)
+    child = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True)
+    error = child.stderr.rstrip().rsplit("\n", 1)[-1]
+    if child.returncode == 2 and error.startswith("opguard: error: "):
+        raise ToolError(error.removeprefix("opguard: error: "))
+    summary = show({"run": args["output"], "rank": None})
+    return {
+        "run": str(Path(args["output"]).resolve()),
+        "exit_code": child.returncode,
+        "status": summary["run"].get("status"),
+        "ranks": summary["ranks"],
+        "stdout_tail": _tail(child.stdout),
+        "stderr_tail": _tail(child.stderr),
+    }
+
+
+def _tail(text: str) -> list[str]:
+    return [line[:LINE_CHARS] for line in text.splitlines()[-OUTPUT_TAIL:]]
