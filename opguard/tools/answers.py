@@ -201,24 +201,29 @@ def _tensor_pairs(op_a: OpRecord | None, op_b: OpRecord | None) -> list[dict[str
             entry: dict[str, Any] = {"io": io, "slot": slot}
             if op_a is not None and op_b is not None:
                 entry["equal"] = slot not in differing
+            paired = ta is not None and tb is not None
             if ta is not None:
-                entry["a"] = _tensor(ta)
+                entry["a"] = _tensor(ta, values=slot in differing or not paired)
             if tb is not None:
                 if ta is None or slot in differing:
-                    entry["b"] = _tensor(tb)
+                    entry["b"] = _tensor(tb, values=True)
                 elif tb.producer != ta.producer and tb.producer is not None:
                     entry["b"] = {"producer": list(tb.producer)}
             out.append(entry)
     return out
 
 
-def _tensor(t: TensorRecord) -> dict[str, Any]:
-    """A tensor without its slot (the entry has it), with the first few values to 8 digits."""
+def _tensor(t: TensorRecord, *, values: bool) -> dict[str, Any]:
+    """A tensor without its slot (the entry has it); with ``values``, its first few values (to
+    8 digits) and their bits: where two runs differ they show how, where they agree the
+    fingerprint and stats say enough."""
     out = t.to_json()
     del out["slot"]
     for key in ("values", "bits"):
-        if key in out:
+        if key in out and values:
             out[key] = [_short(v) for v in out[key][:VALUES_SHOWN]]
+        elif key in out:
+            del out[key]
     if "stats" in out:
         out["stats"] = {k: _short(v) for k, v in out["stats"].items()}
     return out

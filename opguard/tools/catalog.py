@@ -11,6 +11,7 @@ RUN = Param("run", "string", "a run directory", required=True)
 INDEX = Param("index", "integer", "op index, #N in other answers", required=True, minimum=0)
 SIDE = Param("side", "string", "the run INDEX is in", "--side", default="a", choices=("a", "b"))
 RANK = Param("rank", "integer", "rank (default: the lowest recorded)", "--rank", minimum=0)
+# explain's settings are checked where every source of them is (flags, environment, config).
 STEP = Param("step", "integer", "compare only this step", "--step", minimum=0)
 PAIR = (RUN_A, RUN_B, INDEX, SIDE, RANK)
 ANSWERS = "opguard.tools.answers"
@@ -138,14 +139,12 @@ TOOLS: tuple[Tool, ...] = (
                 "number",
                 "most USD the session may spend (default 0.05)",
                 "--budget",
-                minimum=0,
             ),
             Param(
                 "max_tokens",
                 "integer",
                 "most prompt + output tokens in the session",
                 "--max-tokens",
-                minimum=1,
             ),
             Param("question", "string", "ask this instead of the default question", "--question"),
         ),

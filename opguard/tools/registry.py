@@ -186,8 +186,8 @@ class Tool:
 
     def argv(self, given: Mapping[str, Any], *, json: bool = True) -> list[str]:
         """The command line that asks the CLI the same question (``opguard`` excluded);
-        without ``json``, the plain command."""
-        arguments = {k: v for k, v in self.arguments(given).items() if k in given}
+        without ``json``, the plain command. Values are not checked: the CLI checks them."""
+        arguments = given
         words = [self.command or self.name]
         rest: list[str] = []
         for p in self.all_params:
