@@ -31,6 +31,13 @@ def time_cuda(fn, repeats: int = 10) -> float:
     return statistics.median(samples)
 
 
+def heads_permuted(x: torch.Tensor) -> torch.Tensor:
+    """Attention's output layout: memory ordered [batch, seq, heads, 64], read as
+    [batch, heads, seq, 64] (innermost rows contiguous, outer dimensions permuted)."""
+    row = 8 * 12 * 64
+    return x[: x.numel() // row * row].view(8, -1, 12, 64).permute(0, 2, 1, 3)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=1024)
@@ -47,6 +54,8 @@ def main() -> None:
         for label, t in (
             (f"{str(dtype)[6:]} contiguous", x),
             (f"{str(dtype)[6:]} transposed", x.view(-1, 4096).t()),
+            # attention's layout: [batch, seq, heads, 64] read as [batch, heads, seq, 64]
+            (f"{str(dtype)[6:]} heads permuted", heads_permuted(x)),
         ):
             nbytes = t.numel() * t.element_size()
             copy = time_cuda(lambda t=t: t.clone())

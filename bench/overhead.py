@@ -2,8 +2,18 @@
 8 x 1024, AdamW) on one GPU, plain vs under ``opguard.record`` vs under PyTorch's DebugMode with
 ``log_tensor_hashes(hash_fn="hash_tensor")``, side by side in one process.
 
+Two more modes explain the figure: ``passthrough``, a dispatch mode that only calls each op (the
+floor of any recorder built on a Python dispatch mode), and ``opguard-nokernels`` (kernel
+collection off, ``OPGUARD_KERNELS=0``). Each mode also reports its host time: how long the step
+takes to *return* before the final synchronise. A step whose host time approaches its step time
+is host-bound (the GPU waits for launches); otherwise the cost is GPU work.
+
 Modes are interleaved in rounds after a warm-up so clock and thermal drift hit all alike; each
 figure is the median step time. Prints a table and writes JSON next to it with --json PATH.
+
+Under torchrun (``torchrun --nproc-per-node 2 bench/overhead.py``) every rank trains the model
+wrapped in DistributedDataParallel over NCCL, one GPU each, and rank 0 reports its own times
+(DDP's all-reduces keep the ranks in step).
 
     python bench/overhead.py [--steps 6] [--rounds 3] [--batch 8] [--seq 1024] [--json out.json]
 """
@@ -12,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -21,9 +32,20 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import opguard
 from opguard.store import Run
+
+
+def distributed() -> bool:
+    """Whether this process is one rank of a torchrun job (then NCCL is initialised)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    if not torch.distributed.is_initialized():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        torch.distributed.init_process_group("nccl")
+    return True
 
 
 def build(batch: int, seq: int) -> tuple[Callable[[], float], torch.nn.Module]:
@@ -32,11 +54,16 @@ def build(batch: int, seq: int) -> tuple[Callable[[], float], torch.nn.Module]:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_positions=seq)).cuda()
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    trained: torch.nn.Module = model
+    if distributed():
+        from torch.nn.parallel import DistributedDataParallel
+
+        trained = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
+    opt = torch.optim.AdamW(trained.parameters(), lr=1e-4)
     tokens = torch.randint(0, model.config.vocab_size, (batch, seq), device="cuda")
 
     def step() -> float:
-        out = model(tokens, labels=tokens)
+        out = trained(tokens, labels=tokens)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         opt.step()
@@ -45,18 +72,27 @@ def build(batch: int, seq: int) -> tuple[Callable[[], float], torch.nn.Module]:
     return step, model
 
 
+class Passthrough(TorchDispatchMode):
+    """Calls every op and nothing else: what the dispatch mechanism alone costs."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        return func(*args, **(kwargs or {}))
+
+
 def timed(
     step: Callable[[], float], context: Callable[[], AbstractContextManager], n: int
-) -> list[float]:
-    times = []
+) -> tuple[list[float], list[float]]:
+    """(step times, host times) of ``n`` steps."""
+    times, host = [], []
     with context():
         for _ in range(n):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             step()
+            host.append(time.perf_counter() - t0)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
-    return times
+    return times, host
 
 
 def main() -> None:
@@ -70,13 +106,21 @@ def main() -> None:
     args = parser.parse_args()
 
     step, _ = build(args.batch, args.seq)
-    workdir = Path(tempfile.mkdtemp(prefix="opguard-bench-"))
+    if distributed():  # one run directory shared by the ranks, each writing its rank-K
+        job = os.environ.get("TORCHELASTIC_RUN_ID", "job")
+        workdir = Path(tempfile.gettempdir()) / f"opguard-bench-{job}"
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix="opguard-bench-"))
     traces: list[Path] = []
+
+    writers: list = []
 
     def recording() -> AbstractContextManager:
         path = workdir / f"run{len(traces)}"
         traces.append(path)
-        return opguard.record(path)
+        session = opguard.record(path)
+        writers.append(session)
+        return session
 
     def debugmode() -> AbstractContextManager:
         from torch.utils._debug_mode import DebugMode
@@ -94,20 +138,38 @@ def main() -> None:
 
         return Both()
 
+    def recording_without_kernels() -> AbstractContextManager:
+        class WithoutKernels:
+            def __enter__(self) -> None:
+                os.environ["OPGUARD_KERNELS"] = "0"
+                self.session = recording()
+                self.session.__enter__()
+
+            def __exit__(self, *exc: object) -> None:
+                self.session.__exit__(*exc)
+                del os.environ["OPGUARD_KERNELS"]
+
+        return WithoutKernels()
+
     modes: dict[str, Callable[[], AbstractContextManager]] = {
         "plain": nullcontext,
+        "passthrough": Passthrough,
         "opguard": recording,
+        "opguard-nokernels": recording_without_kernels,
     }
     if not args.no_debugmode:
         modes["debugmode"] = debugmode
     for ctx in modes.values():  # warm-up: allocator, cuBLAS handles, autotuning
         timed(step, ctx, 2)
     times: dict[str, list[float]] = {name: [] for name in modes}
+    host: dict[str, list[float]] = {name: [] for name in modes}
     peak: dict[str, int] = {}
     for _ in range(args.rounds):
         for name, ctx in modes.items():
             torch.cuda.reset_peak_memory_stats()
-            times[name] += timed(step, ctx, args.steps)
+            step_times, host_times = timed(step, ctx, args.steps)
+            times[name] += step_times
+            host[name] += host_times
             peak[name] = max(peak.get(name, 0), torch.cuda.max_memory_allocated())
 
     from opguard.recorder import tensors as recorder_tensors
@@ -117,6 +179,9 @@ def main() -> None:
     ops = len(last.rank(0))
     trace_bytes = sum(f.stat().st_size for f in traces[-1].rglob("*.mdb"))
     steps_recorded = args.steps
+    records = sum(session.writer.records_written for session in writers)
+    written = sum(session.writer.bytes_written for session in writers)
+    busy = sum(session.writer.busy_seconds for session in writers)
     plain = statistics.median(times["plain"])
     rows = {}
     for name in modes:
@@ -124,6 +189,7 @@ def main() -> None:
         rows[name] = {
             "median_s": median,
             "ratio": median / plain,
+            "host_s": statistics.median(host[name]),
             "peak_gib": peak[name] / 2**30,
             "peak_ratio": peak[name] / peak["plain"],
         }
@@ -136,20 +202,32 @@ def main() -> None:
         "steps": args.steps,
         "ops_per_step": ops / steps_recorded,
         "trace_bytes_per_step": trace_bytes / steps_recorded,
-        "fingerprint_launches_per_step": launches / (args.steps * args.rounds + 2),
+        # two recording modes, each with two warm-up steps
+        "fingerprint_launches_per_step": launches / (2 * (args.steps * args.rounds + 2)),
+        "writer_records_per_s": records / busy,
+        "writer_bytes_per_s": written / busy,
+        "world_size": torch.distributed.get_world_size() if distributed() else 1,
         "modes": rows,
     }
+    if distributed():
+        torch.distributed.barrier()
+        if torch.distributed.get_rank() != 0:
+            return
     print(
         f"GPT-2 124M, batch {args.batch} x {args.seq}, {result['device']}, torch {torch.__version__}"
+        f", {result['world_size']} rank(s)"
     )
-    print(f"{'mode':<10} {'median step':>12} {'ratio':>7} {'peak GiB':>9} {'peak ratio':>10}")
+    print(
+        f"{'mode':<18} {'median step':>12} {'ratio':>7} {'host':>9} {'peak GiB':>9} {'peak ratio':>10}"
+    )
     for name, row in rows.items():
         print(
-            f"{name:<10} {row['median_s'] * 1e3:>10.1f}ms {row['ratio']:>7.3f} "
-            f"{row['peak_gib']:>9.2f} {row['peak_ratio']:>10.3f}"
+            f"{name:<18} {row['median_s'] * 1e3:>10.1f}ms {row['ratio']:>7.3f} "
+            f"{row['host_s'] * 1e3:>7.1f}ms {row['peak_gib']:>9.2f} {row['peak_ratio']:>10.3f}"
         )
     print(
-        f"ops per step {result['ops_per_step']:.0f}, trace {trace_bytes / steps_recorded / 2**20:.2f} MiB per step"
+        f"ops per step {result['ops_per_step']:.0f}, trace {trace_bytes / steps_recorded / 2**20:.2f} MiB per step, "
+        f"writer {records / busy:,.0f} records/s ({written / busy / 2**20:.1f} MiB/s) while busy"
     )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

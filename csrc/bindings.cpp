@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "callstack.h"
 #include "fingerprint_cpu.h"
 #include "opscan.h"
 #if OPGUARD_WITH_CUDA
@@ -46,24 +47,30 @@ TensorView make_view(uintptr_t address, int64_t itemsize, std::vector<int64_t> s
                     std::move(strides), static_cast<Kind>(kind_code)};
 }
 
+// Below this many bytes hashing takes less time than handing the GIL to another thread and
+// getting it back, which the trace writer's thread would turn into a wait on every op.
+constexpr int64_t kReleaseGilBytes = 256 << 10;
+
+Fingerprint fingerprint_view(const TensorView& view, int64_t head_elements) {
+  int64_t nbytes = view.itemsize;
+  for (int64_t s : view.sizes) nbytes *= s;
+  if (nbytes < kReleaseGilBytes) return opguard::fingerprint_cpu(view, head_elements);
+  py::gil_scoped_release release;
+  return opguard::fingerprint_cpu(view, head_elements);
+}
+
 py::tuple fingerprint(uintptr_t address, int64_t itemsize, std::vector<int64_t> sizes,
                       std::vector<int64_t> strides, int kind_code, int64_t head_elements) {
   const TensorView view =
       make_view(address, itemsize, std::move(sizes), std::move(strides), kind_code);
-  Fingerprint fp;
-  {
-    py::gil_scoped_release release;
-    fp = opguard::fingerprint_cpu(view, head_elements);
-  }
-  return result_tuple(fp, view.kind);
+  return result_tuple(fingerprint_view(view, head_elements), view.kind);
 }
 
 uint64_t hash_buffer(py::buffer buffer) {
   py::buffer_info info = buffer.request();
   TensorView view{
       static_cast<const uint8_t*>(info.ptr), 1, {info.size * info.itemsize}, {1}, Kind::Opaque};
-  py::gil_scoped_release release;
-  return opguard::fingerprint_cpu(view, 0).hash;
+  return fingerprint_view(view, 0).hash;
 }
 
 #if OPGUARD_WITH_CUDA
@@ -84,8 +91,14 @@ void bind_cuda(py::module_& m) {
              uintptr_t stream, int64_t head_elements, double timeout_s) {
             const TensorView view =
                 make_view(address, itemsize, std::move(sizes), std::move(strides), kind);
-            py::gil_scoped_release release;  // may wait for the writer thread to collect
-            return self.launch(view, device, stream, head_elements, timeout_s);
+            // Keeping the GIL avoids handing it to the trace writer on every launch; only a
+            // full ring (which the writer empties) is waited for without it.
+            Ticket ticket = self.launch(view, device, stream, head_elements, 0.0);
+            if (ticket.seq == 0) {
+              py::gil_scoped_release release;
+              ticket = self.launch(view, device, stream, head_elements, timeout_s);
+            }
+            return ticket;
           },
           py::arg("address"), py::arg("itemsize"), py::arg("sizes"), py::arg("strides"),
           py::arg("kind"), py::arg("device"), py::arg("stream"), py::arg("head_elements") = 8,
@@ -102,6 +115,23 @@ void bind_cuda(py::module_& m) {
             return result_tuple(fp, static_cast<Kind>(ticket.kind));
           },
           py::arg("ticket"), py::arg("timeout_s") = 600.0)
+      .def(
+          "collect_many",
+          [](GpuFingerprinter& self, const std::vector<Ticket>& tickets, double timeout_s) {
+            std::vector<Fingerprint> fps;
+            fps.reserve(tickets.size());
+            {  // one GIL release for the whole batch, not one per tensor
+              py::gil_scoped_release release;
+              for (const Ticket& t : tickets) fps.push_back(self.collect(t, timeout_s));
+            }
+            py::list out;
+            for (size_t i = 0; i < tickets.size(); ++i) {
+              out.append(result_tuple(fps[i], static_cast<Kind>(tickets[i].kind)));
+            }
+            return out;
+          },
+          py::arg("tickets"), py::arg("timeout_s") = 600.0,
+          "collect() of every ticket, in order, waiting without the GIL once.")
       .def_property_readonly("launches", &GpuFingerprinter::launches);
 
   namespace cupti = opguard::cupti;
@@ -163,6 +193,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("cuda_status", &cuda_status,
         "(usable, reason): whether GPU fingerprints can run here, and why not.");
   opguard::bind_opscan(m);
+  opguard::bind_callstack(m);
 #if OPGUARD_WITH_CUDA
   bind_cuda(m);
 #endif

@@ -31,7 +31,7 @@ struct Args {
   int32_t head_bytes;
   Partial* partials;
   uint8_t* head;
-  uint32_t seq;
+  uint64_t seq;
 };
 
 void check(cudaError_t err, const char* what) {
@@ -228,6 +228,17 @@ __device__ void publish(const Args& a, uint64_t hash, const ThreadStats<Acc>& st
   }
 }
 
+// Block 0 copies the first bytes of the logical stream for the host to show.
+__device__ __forceinline__ void write_head(const Args& a, bool contiguous) {
+  if (blockIdx.x == 0 && threadIdx.x < a.head_bytes) {
+    const int b = threadIdx.x;
+    const uint8_t* src =
+        contiguous ? a.data + b : a.data + element_offset(a, b / a.itemsize) + b % a.itemsize;
+    a.head[b] = *src;
+    __threadfence_system();  // visible to the host before block 0 publishes its sequence number
+  }
+}
+
 template <int K, bool kContiguous>
 __global__ void __launch_bounds__(kThreads) fingerprint_kernel(const Args a) {
   using Acc = typename Decode<K>::Acc;
@@ -274,36 +285,88 @@ __global__ void __launch_bounds__(kThreads) fingerprint_kernel(const Args a) {
     hash += mix_word(w, j);
     word_stats<K>(w, valid, a, st);
   }
-  if (blockIdx.x == 0 && threadIdx.x < a.head_bytes) {
-    const int b = threadIdx.x;
-    const uint8_t* src =
-        kContiguous ? a.data + b : a.data + element_offset(a, b / a.itemsize) + b % a.itemsize;
-    a.head[b] = *src;
-    __threadfence_system();  // visible to the host before block 0 publishes its sequence number
+  write_head(a, kContiguous);
+  publish<Acc>(a, hash, st);
+}
+
+// Tensors whose innermost dimension is contiguous and holds whole 8-byte words, with the outer
+// dimensions in any order (attention's [batch, heads, seq, dim] outputs laid out as
+// [batch, seq, heads, dim], permuted activations): each row is a run of words of the logical
+// stream, read by one warp with coalesced loads, its address computed once per row.
+template <int K>
+__global__ void __launch_bounds__(kThreads) rows_kernel(const Args a) {
+  using Acc = typename Decode<K>::Acc;
+  ThreadStats<Acc> st;
+  uint64_t hash = 0;
+  const int lane = threadIdx.x & 31;
+  const uint64_t warps = static_cast<uint64_t>(gridDim.x) * (kThreads / 32);
+  const int inner = a.ndim - 1;
+  const uint64_t row_words = static_cast<uint64_t>(a.sizes[inner]) * a.itemsize / 8;
+  const uint64_t rows = a.nwords / row_words;
+  for (uint64_t r = (static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x) / 32; r < rows;
+       r += warps) {
+    int64_t offset = 0;
+    uint64_t e = r;
+    for (int d = inner - 1; d >= 0; --d) {
+      const uint64_t size = static_cast<uint64_t>(a.sizes[d]);
+      offset += static_cast<int64_t>(e % size) * a.strides[d];
+      e /= size;
+    }
+    const uint64_t* row = reinterpret_cast<const uint64_t*>(a.data + offset * a.itemsize);
+    for (uint64_t w = lane; w < row_words; w += 32) {
+      const uint64_t word = __ldcs(reinterpret_cast<const unsigned long long*>(row + w));
+      hash += mix_word(word, r * row_words + w);
+      word_stats<K>(word, 8, a, st);
+    }
   }
+  write_head(a, false);
   publish<Acc>(a, hash, st);
 }
 
 using KernelFn = void (*)(const Args);
 
+enum class Layout { Contiguous, Rows, Strided };
+
 template <int K>
-KernelFn pick(bool contiguous) {
-  return contiguous ? fingerprint_kernel<K, true> : fingerprint_kernel<K, false>;
+KernelFn pick(Layout layout) {
+  switch (layout) {
+    case Layout::Contiguous:
+      return fingerprint_kernel<K, true>;
+    case Layout::Rows:
+      return rows_kernel<K>;
+    case Layout::Strided:
+      break;
+  }
+  return fingerprint_kernel<K, false>;
 }
 
-KernelFn kernel_for(Kind kind, bool contiguous) {
+// Rows when the innermost dimension is contiguous, holds whole words, and every row starts on
+// a word boundary; otherwise element-by-element gathering.
+Layout layout_of(const uint8_t* data, int64_t itemsize, const std::vector<int64_t>& sizes,
+                 const std::vector<int64_t>& strides) {
+  const size_t n = sizes.size();
+  if (n == 0 || (n == 1 && strides[0] == 1)) return Layout::Contiguous;
+  if (strides[n - 1] != 1 || (sizes[n - 1] * itemsize) % 8 != 0) return Layout::Strided;
+  if (reinterpret_cast<uintptr_t>(data) % 8 != 0) return Layout::Strided;
+  for (size_t d = 0; d + 1 < n; ++d) {
+    if ((strides[d] * itemsize) % 8 != 0) return Layout::Strided;
+  }
+  return Layout::Rows;
+}
+
+KernelFn kernel_for(Kind kind, Layout layout) {
   switch (kind) {
     case Kind::Float32:
-      return pick<static_cast<int>(Kind::Float32)>(contiguous);
+      return pick<static_cast<int>(Kind::Float32)>(layout);
     case Kind::BFloat16:
-      return pick<static_cast<int>(Kind::BFloat16)>(contiguous);
+      return pick<static_cast<int>(Kind::BFloat16)>(layout);
     case Kind::Float16:
-      return pick<static_cast<int>(Kind::Float16)>(contiguous);
+      return pick<static_cast<int>(Kind::Float16)>(layout);
     case Kind::Float64:
-      return pick<static_cast<int>(Kind::Float64)>(contiguous);
+      return pick<static_cast<int>(Kind::Float64)>(layout);
 #define OPG_GENERIC(K) \
   case Kind::K:        \
-    return pick<static_cast<int>(Kind::K)>(contiguous);
+    return pick<static_cast<int>(Kind::K)>(layout);
       OPG_GENERIC(Opaque)
       OPG_GENERIC(Bool)
       OPG_GENERIC(UInt)
@@ -318,7 +381,7 @@ KernelFn kernel_for(Kind kind, bool contiguous) {
       OPG_GENERIC(F8E8M0FNU)
 #undef OPG_GENERIC
   }
-  return pick<static_cast<int>(Kind::Opaque)>(contiguous);
+  return pick<static_cast<int>(Kind::Opaque)>(layout);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -350,7 +413,7 @@ GpuFingerprinter::GpuFingerprinter(uint64_t partial_capacity, uint64_t head_capa
   check(cudaHostAlloc(reinterpret_cast<void**>(&heads_), head_capacity * kHeadBytes,
                       cudaHostAllocMapped | cudaHostAllocPortable),
         "allocating the head-bytes ring");
-  for (uint64_t i = 0; i < partial_capacity; ++i) partials_[i].seq = 0xFFFFFFFFu;
+  for (uint64_t i = 0; i < partial_capacity; ++i) partials_[i].seq = ~0ull;
   int device = 0, sms = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
@@ -393,7 +456,7 @@ bool GpuFingerprinter::wait_for_space(uint64_t blocks, double timeout_s) {
         return true;
       }
     }
-    if (seconds_since(t0) > timeout_s) return false;
+    if (timeout_s <= 0 || seconds_since(t0) > timeout_s) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 }
@@ -408,7 +471,7 @@ Ticket GpuFingerprinter::launch(const TensorView& view, int device, uintptr_t st
   if (sizes.size() > static_cast<size_t>(kMaxDims)) {
     throw std::runtime_error("tensor has more than 16 non-mergeable dimensions");
   }
-  const bool contiguous = sizes.empty() || (sizes.size() == 1 && strides[0] == 1);
+  const Layout layout = layout_of(view.data, view.itemsize, sizes, strides);
   a.data = view.data;
   a.itemsize = static_cast<int32_t>(view.itemsize);
   a.kind = static_cast<int32_t>(view.kind);
@@ -430,6 +493,7 @@ Ticket GpuFingerprinter::launch(const TensorView& view, int device, uintptr_t st
   const uint64_t blocks = std::max<uint64_t>(
       1, std::min<uint64_t>(max_blocks_, (a.nwords + per_block - 1) / per_block));
   if (!wait_for_space(blocks, timeout_s)) {
+    if (timeout_s <= 0) return Ticket{};
     throw std::runtime_error("fingerprint results were not collected in time (ring full)");
   }
   Ticket t;
@@ -450,8 +514,7 @@ Ticket GpuFingerprinter::launch(const TensorView& view, int device, uintptr_t st
   t.head_bytes = a.head_bytes;
   a.partials = partials_ + (t.first % partial_capacity_);
   a.head = heads_ + (t.head_slot % head_capacity_) * kHeadBytes;
-  a.seq = static_cast<uint32_t>(t.seq);
-  for (uint64_t b = 0; b < blocks; ++b) a.partials[b].seq = 0xFFFFFFFFu;
+  a.seq = t.seq;
   if (numel == 0) {  // nothing to read: complete on the host
     for (uint64_t b = 0; b < blocks; ++b) {
       Partial& p = a.partials[b];
@@ -468,8 +531,8 @@ Ticket GpuFingerprinter::launch(const TensorView& view, int device, uintptr_t st
   int current = -1;
   check(cudaGetDevice(&current), "cudaGetDevice");
   if (current != device) check(cudaSetDevice(device), "cudaSetDevice");
-  kernel_for(view.kind, contiguous)<<<static_cast<unsigned>(blocks), kThreads, 0,
-                                      reinterpret_cast<cudaStream_t>(stream)>>>(a);
+  kernel_for(view.kind, layout)<<<static_cast<unsigned>(blocks), kThreads, 0,
+                                  reinterpret_cast<cudaStream_t>(stream)>>>(a);
   const cudaError_t err = cudaGetLastError();
   if (current != device) cudaSetDevice(current);
   check(err, "launching the fingerprint kernel");
@@ -478,9 +541,8 @@ Ticket GpuFingerprinter::launch(const TensorView& view, int device, uintptr_t st
 
 bool GpuFingerprinter::ready(const Ticket& t) const {
   const Partial* p = partials_ + (t.first % partial_capacity_);
-  const uint32_t want = static_cast<uint32_t>(t.seq);
   for (uint32_t b = 0; b < t.blocks; ++b) {
-    if (p[b].seq != want) return false;
+    if (p[b].seq != t.seq) return false;
   }
   return true;
 }
@@ -513,11 +575,10 @@ Fingerprint GpuFingerprinter::collect(const Ticket& t, double timeout_s) {
   const uint8_t* head = heads_ + (t.head_slot % head_capacity_) * kHeadBytes;
   fp.head.assign(head, head + t.head_bytes);
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& o : outstanding_) {
-    if (o.seq == t.seq) {
-      o.collected = true;
-      break;
-    }
+  // Tickets are queued in launch order with consecutive sequence numbers.
+  if (!outstanding_.empty() && t.seq >= outstanding_.front().seq) {
+    const uint64_t at = t.seq - outstanding_.front().seq;
+    if (at < outstanding_.size()) outstanding_[at].collected = true;
   }
   reclaim();
   return fp;

@@ -26,12 +26,14 @@ struct alignas(16) Partial {
   double sum;
   uint64_t nan;
   uint64_t inf;
-  volatile uint32_t seq;  // written last (after a system fence): the partial is complete
-  uint32_t pad;
+  // The launch's sequence number, written last (after a system fence): the partial is complete.
+  // 64 bits never repeat, so ring slots need no resetting between launches (a host write to
+  // each of a launch's partials cost more than the launch itself).
+  volatile uint64_t seq;
 };
 
 struct Ticket {
-  uint64_t seq = 0;     // launch sequence number (lower 32 bits are written by the GPU)
+  uint64_t seq = 0;     // launch sequence number, written by the GPU into each partial
   uint64_t first = 0;   // first partial in the ring (absolute position)
   uint32_t blocks = 0;  // partials this launch writes
   uint64_t head_slot = 0;
@@ -52,7 +54,9 @@ class GpuFingerprinter {
   GpuFingerprinter& operator=(const GpuFingerprinter&) = delete;
 
   // Enqueues the fingerprint of a device tensor on `stream` (a cudaStream_t as an integer) of
-  // `device`. Waits (up to `timeout_s`) only when the result rings are full.
+  // `device`. Waits (up to `timeout_s`) only when the result rings are full; with a timeout of
+  // zero it never waits and returns a ticket with `seq == 0` instead (the caller may then wait
+  // without holding locks the collecting thread needs, e.g. Python's GIL).
   Ticket launch(const TensorView& view, int device, uintptr_t stream, int64_t head_elements,
                 double timeout_s);
   bool ready(const Ticket& t) const;

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -40,6 +41,9 @@ namespace {
 constexpr int64_t kFlagView = 1;
 constexpr int64_t kFlagUninitialized = 2;
 constexpr int kMaxDepth = 64;  // deeper records are left to msgpack-python
+// Non-finite values in a tensor entry's stats ("m": [min, max, mean, absmax, nan, inf]).
+constexpr int kHasNan = 1;
+constexpr int kHasInf = 2;
 
 // What Python's strict UTF-8 decoder accepts: no overlong forms, no surrogates, <= U+10FFFF.
 bool valid_utf8(const uint8_t* s, size_t n) {
@@ -373,7 +377,25 @@ struct Entry {
   int64_t flags = 0;
   bool has_hash = false;  // false: absent or nil
   Int hash;
+  int nonfinite = 0;  // kHasNan | kHasInf, from the stats
 };
+
+// The NaN and Inf counts of a stats value ([min, max, mean, absmax, nan, inf] as the recorder
+// writes it). A count counts when it is a positive integer, as nonfinite_mask() reads it in
+// Python; any other value is skipped like an unknown field.
+bool read_stats(Msg& m, int& nonfinite) {
+  uint32_t n;
+  if (!m.array(n)) return m.skip(1);
+  for (uint32_t k = 0; k < n; ++k) {
+    Int count;
+    if (n == 6 && k >= 4 && m.integer(count)) {
+      if (!count.negative && count.u != 0) nonfinite |= k == 4 ? kHasNan : kHasInf;
+    } else if (!m.skip(2)) {
+      return false;
+    }
+  }
+  return true;
+}
 
 bool read_entry(Msg& m, bool output, Entry& e) {
   uint32_t n;
@@ -382,7 +404,8 @@ bool read_entry(Msg& m, bool output, Entry& e) {
   e.shape.clear();
   e.flags = 0;
   e.has_hash = false;
-  bool seen_d = false, seen_s = false, seen_f = false, seen_h = false;
+  e.nonfinite = 0;
+  bool seen_d = false, seen_s = false, seen_f = false, seen_h = false, seen_m = false;
   for (uint32_t i = 0; i < n; ++i) {
     const char* name;
     uint32_t len;
@@ -411,6 +434,10 @@ bool read_entry(Msg& m, bool output, Entry& e) {
         if (!m.integer(e.hash)) return false;
         e.has_hash = true;
       }
+    } else if (field == 'm') {
+      if (seen_m) return false;
+      seen_m = true;
+      if (!read_stats(m, e.nonfinite)) return false;
     } else if (!m.skip(1)) {
       return false;
     }
@@ -425,6 +452,8 @@ struct Record {
   std::string out;                 // msgpack of the output contents
   const uint8_t* value = nullptr;  // raw msgpack of "v", the returned scalar
   size_t value_len = 0;
+  int nonfinite_in = 0;  // kHasNan | kHasInf over the inputs' stats
+  int nonfinite_out = 0;
 };
 
 void put_dtype(std::string& o, const Entry& e) {
@@ -440,12 +469,13 @@ void put_shape(std::string& o, const Entry& e) {
   for (const Int& d : e.shape) put_int(o, d);
 }
 
-bool read_inputs(Msg& m, Entry& e, std::string& sig) {
+bool read_inputs(Msg& m, Entry& e, std::string& sig, int& nonfinite) {
   uint32_t n;
   if (!m.array(n)) return false;
   sig.append(reinterpret_cast<const char*>(&n), sizeof n);
   for (uint32_t i = 0; i < n; ++i) {
     if (!read_entry(m, false, e)) return false;
+    nonfinite |= e.nonfinite;
     const uint32_t dlen = e.dtype == nullptr ? UINT32_MAX : e.dtype_len;
     sig.append(reinterpret_cast<const char*>(&dlen), sizeof dlen);
     if (e.dtype != nullptr) sig.append(e.dtype, e.dtype_len);
@@ -456,12 +486,13 @@ bool read_inputs(Msg& m, Entry& e, std::string& sig) {
   return true;
 }
 
-bool read_outputs(Msg& m, Entry& e, std::string& out) {
+bool read_outputs(Msg& m, Entry& e, std::string& out, int& nonfinite) {
   uint32_t n;
   if (!m.array(n)) return false;
   put_array(out, n);
   for (uint32_t i = 0; i < n; ++i) {
     if (!read_entry(m, true, e)) return false;
+    nonfinite |= e.nonfinite;
     put_array(out, 3);
     if (e.flags & kFlagUninitialized) {
       put_str(out, "uninitialized", 13);
@@ -494,6 +525,7 @@ bool read_record(const uint8_t* data, size_t size, Entry& e, std::string& sig, R
   int64_t op = 0, phase = 3, site = -1;  // the Python reader's defaults
   r.step = 0;
   r.value = nullptr;
+  r.nonfinite_in = r.nonfinite_out = 0;
   r.out.clear();
   sig.clear();
   for (uint32_t i = 0; i < n; ++i) {
@@ -524,11 +556,11 @@ bool read_record(const uint8_t* data, size_t size, Entry& e, std::string& sig, R
         seen_c = true;
         break;
       case 'x':
-        ok = !seen_x && read_inputs(m, e, sig);
+        ok = !seen_x && read_inputs(m, e, sig, r.nonfinite_in);
         seen_x = true;
         break;
       case 'y':
-        ok = !seen_y && read_outputs(m, e, r.out);
+        ok = !seen_y && read_outputs(m, e, r.out, r.nonfinite_out);
         seen_y = true;
         break;
       case 'v': {
@@ -589,6 +621,7 @@ class OpScanner {
     py::object output = py::reinterpret_steal<py::object>(new_list(n));
     py::list fallback, values, new_keys, breaks;
     last_.assign(static_cast<size_t>(n), -1);
+    nonfinite_.clear();
     bool have_previous = false;
     int64_t previous = 0;
     for (Py_ssize_t k = 0; k < n; ++k) {
@@ -624,6 +657,9 @@ class OpScanner {
         values.append(py::make_tuple(
             k, py::bytes(reinterpret_cast<const char*>(rec_.value), rec_.value_len)));
       }
+      if (rec_.nonfinite_in | rec_.nonfinite_out) {
+        nonfinite_.push_back({static_cast<int64_t>(k), rec_.nonfinite_in, rec_.nonfinite_out});
+      }
       if (have_previous && rec_.step != previous) breaks.append(k);
       previous = rec_.step;
       have_previous = true;
@@ -654,10 +690,19 @@ class OpScanner {
 
   size_t keys() const { return levels_.size(); }
 
+  // (position, inputs, outputs) of the last chunk's records whose stats count NaN (1) or Inf
+  // (2) values, as masks; records that fell back are not included.
+  py::list nonfinite() const {
+    py::list found;
+    for (const auto& [k, in, out] : nonfinite_) found.append(py::make_tuple(k, in, out));
+    return found;
+  }
+
  private:
   std::unordered_map<std::string, int64_t> ids_;
   std::vector<std::array<int64_t, 3>> levels_;
   std::vector<int64_t> last_;
+  std::vector<std::tuple<int64_t, int, int>> nonfinite_;
   Entry entry_;
   std::string sig_;
   Record rec_;
@@ -674,6 +719,8 @@ void bind_opscan(py::module_& m) {
       .def("define", &OpScanner::define, py::arg("id"), py::arg("k0"), py::arg("k1"), py::arg("k2"),
            "Sets the alignment keys of a key id, one per level.")
       .def("levels", &OpScanner::levels, "Per level, the keys of the last chunk's records.")
+      .def("nonfinite", &OpScanner::nonfinite,
+           "(position, inputs, outputs) NaN (1) / Inf (2) masks of the last chunk's records.")
       .def_property_readonly("keys", &OpScanner::keys);
 }
 

@@ -1,8 +1,15 @@
 """Type stubs of the native extension (csrc/bindings.cpp)."""
 
+from collections.abc import Callable
+from types import CodeType, FrameType
 from typing import Any
 
 FINGERPRINT_VERSION: int
+
+# (hash, nbytes, head bytes, (min, max, mean, absmax, nan count, inf count) or None)
+FingerprintResult = tuple[
+    int, int, bytes, tuple[float | None, float | None, float | None, float | None, int, int] | None
+]
 
 def fingerprint(
     address: int,
@@ -11,9 +18,7 @@ def fingerprint(
     strides: list[int] | tuple[int, ...],
     kind: int,
     head_elements: int = 8,
-) -> tuple[
-    int, int, bytes, tuple[float | None, float | None, float | None, float | None, int, int] | None
-]: ...
+) -> FingerprintResult: ...
 def hash_buffer(buffer: bytes | bytearray | memoryview) -> int: ...
 
 CUDA_BUILT: bool
@@ -40,14 +45,16 @@ class GpuFingerprinter:
         timeout_s: float = 60.0,
     ) -> GpuTicket: ...
     def ready(self, ticket: GpuTicket) -> bool: ...
-    def collect(
-        self, ticket: GpuTicket, timeout_s: float = 600.0
-    ) -> tuple[
-        int,
-        int,
-        bytes,
-        tuple[float | None, float | None, float | None, float | None, int, int] | None,
-    ]: ...
+    def collect(self, ticket: GpuTicket, timeout_s: float = 600.0) -> FingerprintResult: ...
+    def collect_many(
+        self, tickets: list[GpuTicket], timeout_s: float = 600.0
+    ) -> list[FingerprintResult]: ...
+
+class StackWalker:
+    def __init__(
+        self, is_user_code: Callable[[CodeType], bool], site_id: Callable[[FrameType], int]
+    ) -> None: ...
+    def capture(self) -> tuple[int, ...] | None: ...
 
 def cupti_start(library: str) -> str: ...
 def cupti_push(op: int) -> None: ...
@@ -78,3 +85,4 @@ class OpScanner:
     ]: ...
     def define(self, id: int, k0: int, k1: int, k2: int) -> None: ...
     def levels(self) -> tuple[list[int], list[int], list[int]]: ...
+    def nonfinite(self) -> list[tuple[int, int, int]]: ...

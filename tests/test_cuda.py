@@ -84,6 +84,22 @@ def test_gpu_fingerprint_equals_cpu(dtype: torch.dtype) -> None:
                         assert v == pytest.approx(e, rel=1e-5, abs=1e-30)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_permuted_rows_equal_cpu(dtype: torch.dtype) -> None:
+    """Outer dimensions permuted, innermost contiguous (attention's outputs): the row kernel."""
+    g = torch.Generator().manual_seed(2)
+    cpu = _random((2, 6, 5, 8), dtype, g)
+    gpu = cpu.cuda()
+    for c, d in (
+        (cpu.permute(0, 2, 1, 3), gpu.permute(0, 2, 1, 3)),
+        (cpu[:, 1:4].transpose(0, 1), gpu[:, 1:4].transpose(0, 1)),
+    ):
+        expected, got = fingerprint_fields(c), _gpu_fields(d)
+        assert (got["h"], got["z"], got["b"]) == (expected["h"], expected["z"], expected["b"])
+        if "m" in expected:
+            assert got["m"][4:] == expected["m"][4:]
+
+
 def test_expanded_and_large_tensor() -> None:
     base = torch.randn(1, 4096, device="cuda").expand(512, 4096)
     assert _gpu_fields(base)["h"] == fingerprint_fields(base.cpu())["h"]
@@ -172,3 +188,108 @@ def test_kernels_are_recorded_per_op(tmp_path: Path) -> None:
     first = _diff(tmp_path / "a", tmp_path / "b")["first_divergence"]
     assert first["kernels_differ"], first["kernels"]
     assert "different kernels" in first["summary"]
+
+
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2 or not torch.distributed.is_nccl_available(),
+    reason="needs two GPUs and NCCL",
+)
+def test_ddp_rank_local_tf32_names_the_origin_rank(tmp_path: Path) -> None:
+    """Two ranks of DDP GPT-2 small on NCCL; in run B rank 1 alone enables TF32. Rank 1 is the
+    origin (same inputs, a different GEMM kernel), rank 0 a receiver at DDP's all-reduce."""
+    torchrun = ["--", str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "2"]
+    script = str(SCENARIOS / "ddp_gpt2.py")
+    for name, extra in (("a", []), ("b", ["--tf32-rank", "1"])):
+        result = _run(
+            "-m", "opguard", "record", "-o", str(tmp_path / name), *torchrun, script, *extra,
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+    report = _diff(tmp_path / "a", tmp_path / "b")
+    assert report["verdict"] == "diverged"
+    assert report["origin_ranks"] == [1]
+    first = report["first_divergence"]
+    assert first["rank"] == 1 and first["kind"] == "origin"
+    assert first["a"]["op"] in ("aten::mm.default", "aten::addmm.default")
+    rank_0, rank_1 = report["ranks"]
+    assert rank_1["role"] == "origin"
+    assert rank_0["role"] == "receiver"
+    assert rank_0["collective"]["op"].startswith("c10d::allreduce")
+
+
+def test_stream_race_shows_the_read_before_the_write(tmp_path: Path) -> None:
+    """Run B reads on a side stream without waiting for the default stream's write: the read is
+    an origin (same recorded inputs, other outputs), and the evidence is its kernel starting on
+    another stream before the writer's kernel ended."""
+    _record("stream_race.py", tmp_path / "a", "sync")
+    _record("stream_race.py", tmp_path / "b", "race")
+    first = _diff(tmp_path / "a", tmp_path / "b")["first_divergence"]
+    assert first["kind"] == "origin"
+    assert first["a"]["op"].startswith("aten::sum")
+    assert first["stream_race"] and first["stream_race"].startswith("run B:")
+    assert "aten::copy_" in first["stream_race"]
+
+
+def test_nondeterministic_kernel_replays_as_nondeterministic(tmp_path: Path) -> None:
+    """A captured float32 index_add_ with many duplicate indices (atomics) gives different bits
+    from replay to replay on every GPU, and the same bits on the CPU."""
+    captured = tmp_path / "captured"
+    result = _run(
+        "-m", "opguard", "record", "-o", str(captured), "--capture", "aten::index_add_",
+        "--", str(SCENARIOS / "index_add.py"), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    index = next(
+        op["index"]
+        for op in json.loads(
+            _run(
+                "-m", "opguard", "show", str(captured), "--ops", "0:50", "--json", cwd=tmp_path
+            ).stdout
+        )["ranks"]["0"]
+        if op["op"].startswith("aten::index_add_")
+    )
+    replay = _run(
+        "-m", "opguard", "replay", str(captured), "--op", str(index), "--times", "20", "--json",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert replay.returncode == 1, replay.stderr  # not deterministic
+    report = json.loads(replay.stdout)
+    assert report["deterministic"] is False
+    assert all(d["device"].startswith("cuda") for d in report["devices"])
+    assert all(d["distinct"] > 1 for d in report["devices"])
+    assert any("nondeterministic" in f for f in report["findings"])
+    assert report["suspect_devices"] == []
+    assert report["reference"]["outputs"][0]["replay"]["rel"] < 1e-4
+    # The same op on the CPU is deterministic: the kernel, not the inputs, is the cause.
+    cpu = _run(
+        "-m", "opguard", "replay", str(captured), "--op", str(index), "--times", "3",
+        "--device", "cpu", "--json", cwd=tmp_path,
+    )  # fmt: skip
+    assert json.loads(cpu.stdout)["deterministic"] is True
+
+
+def test_gpu_gemm_replays_bit_for_bit(tmp_path: Path) -> None:
+    """GEMMs captured from the GPU (a synchronous copy to the host) replay bit for bit on
+    every GPU, none flagged; capturing changes no recorded fingerprint."""
+    run_dir = tmp_path / "train"
+    result = _run(
+        "-m", "opguard", "record", "-o", str(run_dir), "--capture", "aten::mm,aten::addmm",
+        "--", str(SCENARIOS / "train_small.py"), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    plain = tmp_path / "plain"
+    _record("train_small.py", plain)
+    assert _run("-m", "opguard", "diff", str(plain), str(run_dir), cwd=tmp_path).returncode == 0
+    ops = json.loads(
+        _run("-m", "opguard", "show", str(run_dir), "--ops", "0:400", "--json", cwd=tmp_path).stdout
+    )["ranks"]["0"]
+    gemms = [op["index"] for op in ops if op["op"] in ("aten::mm.default", "aten::addmm.default")]
+    assert gemms
+    for index in gemms[:4]:
+        replay = _run(
+            "-m", "opguard", "replay", str(run_dir), "--op", str(index), "--times", "3", "--json",
+            cwd=tmp_path,
+        )  # fmt: skip
+        report = json.loads(replay.stdout)
+        assert report["deterministic"] and report["matches_a"], report
+        assert report["suspect_devices"] == []

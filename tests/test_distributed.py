@@ -24,6 +24,7 @@ from opguard.store import Run
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "dist_shards.py"
 P2P = SCRIPT.with_name("dist_p2p.py")
+FSDP2 = SCRIPT.with_name("dist_fsdp2.py")
 DATA_LINE = next(
     n for n, text in enumerate(SCRIPT.read_text().splitlines(), 1) if text.endswith("# <- data")
 )
@@ -55,8 +56,9 @@ def _opguard(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subpro
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A and its rerun A2 (``torchrun``), B with rank 1 on another shard
-    (``-m torch.distributed.run``), S: two processes started by hand with RANK set, and P/P2:
-    a send from rank 0 to rank 1, P2 sending other data."""
+    (``-m torch.distributed.run``), S: two processes started by hand with RANK set, P/P2:
+    a send from rank 0 to rank 1, P2 sending other data, F/FB: FSDP2 with rank 1 of FB on
+    another shard, and W1: A's script on one rank."""
     root = tmp_path_factory.mktemp("dist")
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     jobs = []
@@ -66,6 +68,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ("B", ["-m", "torch.distributed.run", "--"], ["--shift-rank", "1"]),
         ("P", [torchrun], []),
         ("P2", [torchrun], ["--shift"]),
+        ("F", [torchrun], []),
+        ("FB", [torchrun], ["--shift-rank", "1"]),
+        ("W1", [torchrun], []),
     ):
         where = launcher if launcher[0] == "-m" else ["--", *launcher]
         jobs.append(
@@ -74,11 +79,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                 "-o",
                 str(root / name),
                 *where,
+                "--standalone",  # torchrun picks a free port itself
                 "--nproc-per-node",
-                "2",
-                "--master-port",
-                str(_free_port()),
-                str(P2P if name.startswith("P") else SCRIPT),
+                "1" if name == "W1" else "2",
+                str({"P": P2P, "F": FSDP2}.get(name[0], SCRIPT)),
                 *extra,
                 cwd=root,
             )
@@ -100,7 +104,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for job in jobs:
         out, _ = job.communicate(timeout=180)
         assert job.returncode == 0, out
-    return {name: root / name for name in ("A", "A2", "B", "S", "P", "P2")}
+    return {name: root / name for name in ("A", "A2", "B", "S", "P", "P2", "F", "FB", "W1")}
 
 
 def _diff(a: Path, b: Path, *extra: str) -> tuple[int, dict[str, Any]]:
@@ -202,3 +206,34 @@ def test_a_received_message_names_the_sender(runs: dict[str, Path]) -> None:
     rank_1 = result["ranks"][1]
     assert rank_1["role"] == "receiver"
     assert rank_1["collective"]["op"] == "c10d::recv_.default"
+
+
+def test_fsdp2_names_the_origin_rank_and_its_receiver(runs: dict[str, Path]) -> None:
+    """FSDP2 gathers parameters before each layer and reduce-scatters gradients: rank 0 first
+    sees rank 1's other data in the gradients it receives (the parameters it gathered in the
+    first forward pass are still equal), and the partly filled all-gather buffer FSDP2 hands
+    around is not mistaken for a divergence."""
+    fsdp_line = next(
+        n for n, text in enumerate(FSDP2.read_text().splitlines(), 1) if text.endswith("# <- data")
+    )
+    code, result = _diff(runs["F"], runs["FB"])
+    assert code == 1 and result["origin_ranks"] == [1]
+    assert result["first_divergence"]["a"]["call_site"]["line"] == fsdp_line
+    rank_0, rank_1 = result["ranks"]
+    assert rank_1["role"] == "origin"
+    assert rank_0["role"] == "receiver"
+    assert rank_0["collective"]["op"].startswith("c10d::_reduce_scatter_base")
+
+
+def test_runs_of_different_world_sizes_compare_the_common_ranks(runs: dict[str, Path]) -> None:
+    """A (2 ranks) against W1 (the same script on 1 rank): rank 0 is compared, and the diff
+    says that rank 1 could not be."""
+    code, result = _diff(runs["A"], runs["W1"])
+    assert [r["rank"] for r in result["ranks"]] == [0]
+    assert result["ranks_only_in"] == {"a": [1], "b": []}
+    assert any("rank 1 was recorded only in run A" in note for note in result["notes"])
+    # One rank alone averages over a group of one: the all-reduce's group differs.
+    first = result["first_divergence"]
+    assert code == 1 and first["a"]["op"] == "c10d::allreduce_.default"
+    text = run_cli("diff", str(runs["A"]), str(runs["W1"]), cwd=runs["A"].parent).stdout
+    assert "rank 1 was recorded only in run A (ranks 2 vs 1): not compared" in text

@@ -267,3 +267,31 @@ def test_random_damage(raw: dict[str, Any], at: int, junk: bytes) -> None:
     data = msgpack.packb(raw, use_bin_type=True)
     at %= len(data) + 1
     check([data[:at], data[:at] + junk + data[at:], data[:at] + junk + data[at + len(junk) :]])
+
+
+def test_nonfinite_counts_read_as_python_reads_them() -> None:
+    """The scanner's NaN/Inf masks (what ``opguard nan`` and the diff's origins read) equal
+    Python's for every record it takes, whatever the stats hold."""
+    from opguard.analysis.keys import nonfinite_mask
+
+    stats = [
+        [0.0, 1.0, 0.5, 1.0, 0, 0],
+        [None, None, None, None, 3, 0],
+        [0.0, 1.0, float("nan"), 1.0, 0, 2**40],
+        [0.0, 1.0, 0.5, 1.0, -1, 1.5],
+        [0.0, 1.0, 0.5],
+        None,
+        "stats",
+        [1, 2, 3, 4, 5, 6, 7],
+    ]
+    records = [record(x=[tensor(m=a)], y=[tensor("0", m=b)]) for a in stats for b in stats[:4]]
+    packed = [msgpack.packb(r, use_bin_type=True) for r in records]
+    scanner = _C.OpScanner()
+    fallback = scanner.scan(packed)[3]
+    found = {k: (i, o) for k, i, o in scanner.nonfinite()}
+    for k, raw in enumerate(records):
+        if k in fallback:
+            continue
+        expected = (nonfinite_mask(raw["x"]), nonfinite_mask(raw["y"]))
+        assert found.get(k, (0, 0)) == expected, raw
+    assert len(found) > len(records) // 2  # the masks are seen, not just absent on both sides

@@ -18,7 +18,7 @@ import tokenize
 from collections.abc import Sequence
 
 from ..store import CallSite, RankTrace
-from .keys import LEVELS, KeyTable, LightOp, LightReader
+from .keys import LEVELS, KeyTable, LightOp, LightReader, NonfiniteSink
 from .myers import Run, TooManyEdits, matching_runs, runs_of
 
 MAX_EDITS = 2000  # per gap and level; beyond this a windowed greedy matching takes over
@@ -59,8 +59,10 @@ def site_key(site: CallSite) -> tuple[str, str, int]:
 class AlignReader(LightReader):
     """:class:`LightReader` whose call-site key is :func:`site_key`."""
 
-    def __init__(self, trace: RankTrace, table: KeyTable) -> None:
-        super().__init__(trace, table)
+    def __init__(
+        self, trace: RankTrace, table: KeyTable, watch: NonfiniteSink | None = None
+    ) -> None:
+        super().__init__(trace, table, watch)
         self._sites = {ident: site_key(site) for ident, site in trace.sites.items()}
 
 

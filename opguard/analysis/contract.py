@@ -11,6 +11,7 @@ from typing import Any
 from ..store import OpRecord
 from .diff import RankDiff, RunDiff
 from .divergence import Divergence, TensorDiff
+from .nonfinite import Nonfinite, nonfinite_tensors
 
 SCHEMA = "opguard.diff/1"
 
@@ -111,6 +112,29 @@ def rank_json(r: RankDiff) -> dict[str, Any]:
     }
 
 
+def _nonfinite_op(op: OpRecord | None) -> dict[str, Any] | None:
+    if op is None:
+        return None
+    return {
+        **(op_ref(op) or {}),
+        "inputs": [{"slot": s, "nan": n, "inf": i} for s, n, i in nonfinite_tensors(op.inputs)],
+        "outputs": [{"slot": s, "nan": n, "inf": i} for s, n, i in nonfinite_tensors(op.outputs)],
+    }
+
+
+def nonfinite_json(n: Nonfinite) -> dict[str, Any]:
+    """Where NaN/Inf values first appeared in one rank (``opguard nan``, the diff's
+    ``nonfinite``)."""
+    return {
+        "rank": n.rank,
+        "origin": _nonfinite_op(n.origin),
+        "nan_origin": _nonfinite_op(n.nan_origin),
+        "first_seen": _nonfinite_op(n.first_seen),
+        "from_outside": n.from_outside,
+        "ops": n.ops,
+    }
+
+
 def to_json(result: RunDiff) -> dict[str, Any]:
     first = result.first
     return {
@@ -122,6 +146,13 @@ def to_json(result: RunDiff) -> dict[str, Any]:
         "unaligned_b": sum(r.only_b for r in result.ranks),
         "runs": {"a": result.path_a, "b": result.path_b},
         "ranks": [rank_json(r) for r in result.ranks],
-        "notes": [n for r in result.ranks for n in r.notes],
+        "notes": result.notes,
         "origin_ranks": result.origin_ranks,
+        "ranks_only_in": {"a": result.only_in_a, "b": result.only_in_b},
+        "nonfinite": {
+            side: [nonfinite_json(n) for r in result.ranks if (n := getattr(r, attr)) is not None]
+            for side, attr in (("a", "nonfinite_a"), ("b", "nonfinite_b"))
+        }
+        if all(r.nonfinite_scanned for r in result.ranks)
+        else None,
     }

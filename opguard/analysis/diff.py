@@ -23,6 +23,7 @@ from .align import AlignReader, align_keys
 from .divergence import Divergence, Explainer
 from .keys import KeyTable, LightReader, OpColumns
 from .myers import Run as MatchRun
+from .nonfinite import Nonfinite, NonfiniteWatch, resolve
 from .roles import ORIGIN, Role, role_of
 
 UNALIGNED_EXAMPLES = 5
@@ -52,6 +53,10 @@ class RankDiff:
     unaligned_b: list[int] = field(default_factory=list)
     first: Divergence | None = None
     notes: list[str] = field(default_factory=list)
+    # Where NaN/Inf first appeared in each run (None: never, or not scanned).
+    nonfinite_a: Nonfinite | None = None
+    nonfinite_b: Nonfinite | None = None
+    nonfinite_scanned: bool = False  # False with --step: only part of the runs was read
 
     @property
     def role(self) -> Role | None:
@@ -155,7 +160,10 @@ class _StepAlignments:
 
 def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None) -> RankDiff:
     table = KeyTable()
-    reader_a, reader_b = AlignReader(trace_a, table), AlignReader(trace_b, table)
+    # NaN/Inf origins come with the same scan; with --step the scan covers part of the runs.
+    watches = (NonfiniteWatch(), NonfiniteWatch()) if step is None else (None, None)
+    reader_a = AlignReader(trace_a, table, watches[0])
+    reader_b = AlignReader(trace_b, table, watches[1])
     result = RankDiff(rank=trace_a.rank)
     alignments = _StepAlignments(reader_a, reader_b)
     explainer = Explainer(trace_a, trace_b, alignments)
@@ -199,6 +207,10 @@ def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None
                 f"compared the first {getattr(result, counter)}"
             )
             setattr(result, counter, getattr(result, counter) + extra)
+    if watches[0] is not None and watches[1] is not None:
+        result.nonfinite_a = resolve(trace_a, watches[0])
+        result.nonfinite_b = resolve(trace_b, watches[1])
+        result.nonfinite_scanned = True
     for name, trace in (("A", trace_a), ("B", trace_b)):
         if not trace.finished:
             result.notes.append(
@@ -285,6 +297,25 @@ class RunDiff:
     meta_a: dict[str, Any]
     meta_b: dict[str, Any]
     ranks: list[RankDiff]
+    # Ranks recorded in one run only (runs of different world sizes): listed, not compared.
+    only_in_a: list[int] = field(default_factory=list)
+    only_in_b: list[int] = field(default_factory=list)
+
+    @property
+    def uncompared(self) -> list[str]:
+        """One line per rank recorded in one run only."""
+        compared = len(self.ranks)
+        sizes = f"{compared + len(self.only_in_a)} vs {compared + len(self.only_in_b)}"
+        return [
+            f"rank {k} was recorded only in run {name} (ranks {sizes}): not compared"
+            for name, only in (("A", self.only_in_a), ("B", self.only_in_b))
+            for k in only
+        ]
+
+    @property
+    def notes(self) -> list[str]:
+        """What could not be compared across ranks, then each compared rank's notes."""
+        return self.uncompared + [n for r in self.ranks for n in r.notes]
 
     @property
     def first(self) -> Divergence | None:
@@ -330,7 +361,16 @@ def diff_runs(
         ]
         where = f"only in run {has[0]}" if len(has) == 1 else "in neither run"
         raise TraceError(f"step {step} was recorded {where}: nothing to compare")
-    return RunDiff(str(run_a.path), str(run_b.path), run_a.meta, run_b.meta, results)
+    compared_all = rank is None
+    return RunDiff(
+        str(run_a.path),
+        str(run_b.path),
+        run_a.meta,
+        run_b.meta,
+        results,
+        only_in_a=sorted(set(run_a.ranks) - set(run_b.ranks)) if compared_all else [],
+        only_in_b=sorted(set(run_b.ranks) - set(run_a.ranks)) if compared_all else [],
+    )
 
 
 def _diff_in_parallel(
@@ -357,3 +397,19 @@ def _has_step(trace: RankTrace, step: int) -> bool:
         if raw.get("s", 0) >= step:
             return bool(raw.get("s", 0) == step)
     return False
+
+
+def aligned_index(trace_a: RankTrace, trace_b: RankTrace, index_a: int) -> int | None:
+    """The op of run B that the diff aligns with op ``index_a`` of run A (None: the op exists
+    only in A). Aligns only the step that holds the op."""
+    step = trace_a.op(index_a).step
+    table = KeyTable()
+    found = [
+        next((columns for _, columns in _steps(AlignReader(trace, table), step)), None)
+        for trace in (trace_a, trace_b)
+    ]
+    ops_a, ops_b = found
+    if ops_a is None or ops_b is None:
+        return None
+    pairs = _StepPairs(ops_a.index, ops_b.index, align_keys(ops_a.keys, ops_b.keys))
+    return pairs.maps()[0].get(index_a)

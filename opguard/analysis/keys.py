@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 
@@ -30,6 +30,30 @@ def _native_scanner() -> Any:
 
 
 _NativeScanner: Any = _native_scanner()
+
+# NaN / Inf in a tensor entry's stats, as masks (mirror of kHasNan / kHasInf in csrc/opscan.cpp).
+HAS_NAN, HAS_INF = 1, 2
+
+
+class NonfiniteSink(Protocol):
+    def see(self, index: int, inputs: int, outputs: int) -> None: ...
+
+
+def nonfinite_mask(entries: Any) -> int:
+    """HAS_NAN | HAS_INF over the stats of a record's tensor entries (as the scanner reads them)."""
+    mask = 0
+    for entry in entries:
+        stats = entry.get("m")
+        if isinstance(stats, list) and len(stats) == 6:
+            mask |= (HAS_NAN if _positive(stats[4]) else 0) | (
+                HAS_INF if _positive(stats[5]) else 0
+            )
+    return mask
+
+
+def _positive(count: Any) -> bool:
+    return type(count) is int and count > 0
+
 
 # Alignment passes, strictest first: op, phase, call site (file, function, line) and input
 # signature; then op, phase and input signature (the code moved or was edited); then op and
@@ -155,13 +179,20 @@ class _PythonScanner:
     def levels(self) -> tuple[list[int], ...]:
         return tuple([-1] * self._n for _ in range(LEVELS))
 
+    def nonfinite(self) -> list[tuple[int, int, int]]:
+        return []
+
 
 class LightReader:
     """Turns one trace's raw ops into :class:`LightOp` with keys from a shared table."""
 
-    def __init__(self, trace: RankTrace, table: KeyTable) -> None:
+    def __init__(
+        self, trace: RankTrace, table: KeyTable, watch: NonfiniteSink | None = None
+    ) -> None:
         self.trace = trace
         self._table = table
+        # Told of every op with NaN or Inf in its stats, once, as columns() reads it.
+        self._watch = watch
         self._names = trace.op_names
         self._sites = {
             ident: (site.file.rsplit("/", 1)[-1], site.function, site.line)
@@ -187,7 +218,7 @@ class LightReader:
         return LightOp(raw["i"], raw.get("s", 0), keys, outputs_of(raw))
 
     def _chunks(
-        self, start: int, stop: int | None
+        self, start: int, stop: int | None, watch: NonfiniteSink | None = None
     ) -> Iterator[tuple[OpColumns, list[Any], list[int], _Stop | None]]:
         """Columns of each chunk of records in ``[start, stop)``, the step of every op, the
         positions where the step changes, and why reading stops after this chunk, if it does. A record that cannot be decoded, or
@@ -203,6 +234,7 @@ class LightReader:
             for position, value in values:
                 outputs[position] = (outputs[position], ("value", hashable(_unpack(value))))
             stop_here: _Stop | None = None
+            nonfinite = scanner.nonfinite() if watch is not None else []
             for position in fallback:
                 try:
                     raw = _unpack(chunk[position])
@@ -211,9 +243,12 @@ class LightReader:
                     break
                 try:
                     op = self.light(raw)
+                    masks = nonfinite_mask(raw.get("x", ())), nonfinite_mask(raw.get("y", ()))
                 except Exception as exc:  # raised when reached, as before
                     stop_here = _Stop(self.trace, position, error=exc)
                     break
+                if watch is not None and any(masks):
+                    nonfinite.append((position, *masks))
                 index[position], step[position], outputs[position] = op.index, op.step, op.outputs
                 for level, key in enumerate(op.keys):
                     keys[level][position] = key
@@ -224,6 +259,10 @@ class LightReader:
                     del column[end:]
             if fallback:  # the scanner's breaks hold only without
                 breaks = [k for k in range(1, len(step)) if step[k] != step[k - 1]]
+            if watch is not None:
+                for position, in_mask, out_mask in nonfinite:
+                    if position < len(index):  # not past a damaged record
+                        watch.see(index[position], in_mask, out_mask)
             yield OpColumns(step[0] if step else 0, index, keys, outputs), step, breaks, stop_here
             if stop_here is not None:
                 return
@@ -235,7 +274,7 @@ class LightReader:
         as one :class:`OpColumns`. With ``until``, reading ends at the first op of a later
         step (as for comparing one step): a damaged record past it is then not reported."""
         current: OpColumns | None = None
-        for chunk, steps, breaks, stop_here in self._chunks(start, stop):
+        for chunk, steps, breaks, stop_here in self._chunks(start, stop, self._watch):
             for lo, hi in pairwise([0, *breaks, len(steps)]):
                 if lo == hi:  # nothing before a damaged record
                     continue

@@ -8,6 +8,7 @@ from typing import Any
 from rich.markup import escape
 
 from ..analysis import Divergence, RunDiff, TensorDiff
+from ..analysis.nonfinite import Nonfinite, nonfinite_tensors
 from ..store import OpRecord, TensorRecord
 from .render import console
 
@@ -104,6 +105,16 @@ def print_diff(result: RunDiff) -> None:
         print_divergence(result.first)
     if len(result.ranks) > 1 and result.first is not None:
         _print_roles(result)
+    found = [
+        (run, n)
+        for r in result.ranks
+        for run, n in (("A", r.nonfinite_a), ("B", r.nonfinite_b))
+        if n is not None
+    ]
+    if found:
+        console.print("\n[bold]NaN / Inf[/]")
+        for run, n in found:
+            print_nonfinite(f"run {run} rank {n.rank}", n)
     console.print("\n[bold]Alignment[/]")
     for r in result.ranks:
         console.print(
@@ -113,6 +124,40 @@ def print_diff(result: RunDiff) -> None:
         )
         for note in r.notes:
             console.print(f"    note: {escape(note)}")
+    for note in result.uncompared:
+        console.print(f"  note: {escape(note)}")
+
+
+def _counts_text(tensors: list[tuple[str, int, int]]) -> str:
+    return ", ".join(
+        f"{slot}: "
+        + " ".join(f"{count} {name}" for count, name in ((n, "NaN"), (i, "Inf")) if count)
+        for slot, n, i in tensors
+    )
+
+
+def _nonfinite_op(title: str, op: OpRecord) -> None:
+    console.print(
+        f"    {title}: #{op.index} [bold]{escape(op.op)}[/] at {escape(op.call_site.short())}, "
+        f"{op.phase}, step {op.step}: outputs {escape(_counts_text(nonfinite_tensors(op.outputs)))}"
+    )
+
+
+def print_nonfinite(label: str, n: Nonfinite) -> None:
+    """Where NaN/Inf first appeared in one rank of one run."""
+    console.print(f"  {escape(label)}: {n.ops} op(s) output NaN or Inf")
+    if n.origin is not None:
+        _nonfinite_op("first made (inputs finite)", n.origin)
+    if n.nan_origin is not None and n.nan_origin != n.origin:
+        _nonfinite_op("first NaN (inputs without NaN)", n.nan_origin)
+    if n.from_outside:
+        op = n.first_seen
+        console.print(
+            f"    already in the inputs of #{op.index} {escape(op.op)} at "
+            f"{escape(op.call_site.short())}: "
+            f"{escape(_counts_text(nonfinite_tensors(op.inputs)))} (data, parameters, or a "
+            "write OpGuard did not record)"
+        )
 
 
 def _print_roles(result: RunDiff) -> None:

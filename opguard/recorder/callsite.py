@@ -6,12 +6,12 @@ from __future__ import annotations
 import linecache
 import os
 import site
-import sys
 import sysconfig
 from types import CodeType, FrameType
 
 import torch
 
+from .. import _C
 from ..store.writer import TraceWriter
 
 SOURCE_CONTEXT = 3  # lines kept on each side of a call line, so traces explain themselves
@@ -45,48 +45,42 @@ def _classifier() -> list[tuple[tuple[str, ...], bool]]:
 
 
 class CallSites:
-    """Interns call sites and stacks into a trace. Runs for every forward op, so it caches
-    whether a code object is user code and the site id of a (code, line)."""
+    """Interns call sites and stacks into a trace. Runs for every forward op over the whole
+    Python stack, which the native ``StackWalker`` walks, asking this class only the first time
+    it meets a code object (user code or not?) or an instruction in user code (its site id)."""
 
     def __init__(self, writer: TraceWriter) -> None:
         self._writer = writer
         self._rules = _classifier()
-        self._user_code: dict[CodeType, bool] = {}
-        self._site_ids: dict[tuple[CodeType, int], int] = {}
+        self._locations: dict[int, tuple[str, int]] = {}  # site id -> (file, line)
+        self._walker = _C.StackWalker(self._is_user_code, self._site_id)
 
-    def _user_file(self, filename: str) -> bool:
+    def _is_user_code(self, code: CodeType) -> bool:
+        filename = code.co_filename
         if filename.startswith("<frozen") or filename.startswith("<__array_function__"):
             return False
         real = os.path.realpath(filename) if os.path.isabs(filename) else filename
         return next((u for prefixes, u in self._rules if real.startswith(prefixes)), True)
 
-    def _site_id(self, code: CodeType, line: int) -> int:
+    def _site_id(self, frame: FrameType) -> int:
+        code, line = frame.f_code, frame.f_lineno or 0
         filename, function = code.co_filename, code.co_name
         ident = self._writer.intern_site(
             (filename, line, function), lambda: _site_payload(filename, line, function)
         )
-        self._site_ids[(code, line)] = ident
+        self._locations[ident] = (filename, line)
         return ident
+
+    def location(self, ident: int) -> tuple[str, int] | None:
+        """(file, line) of an interned call site."""
+        return self._locations.get(ident)
 
     def capture(self) -> tuple[int, int] | None:
         """(call-site id, stack id) of the current Python stack, or None if no user frame."""
-        f: FrameType | None = sys._getframe(1)
-        user_code, site_ids = self._user_code, self._site_ids
-        sites: list[int] = []
-        while f is not None:
-            code = f.f_code
-            user = user_code.get(code)
-            if user is None:
-                user = user_code[code] = self._user_file(code.co_filename)
-            if user:
-                line = f.f_lineno or 0
-                ident = site_ids.get((code, line))
-                sites.append(ident if ident is not None else self._site_id(code, line))
-            f = f.f_back
-        if not sites:
+        sites = self._walker.capture()
+        if sites is None:
             return None
-        sites.reverse()  # outermost first
-        return sites[-1], self._writer.intern_stack(tuple(sites))  # stored as a msgpack array
+        return sites[-1], self._writer.intern_stack(sites)  # stored as a msgpack array
 
 
 def _site_payload(filename: str, line: int, function: str) -> list[object]:

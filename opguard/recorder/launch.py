@@ -9,6 +9,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..capture_spec import DEFAULT_LIMIT, CaptureSpec
 from .session import RecordingSession, StepLimitReached
 
 
@@ -35,12 +36,25 @@ def exit_code_of(exc: SystemExit) -> int:
 
 
 def run_recorded(
-    target: Target, run_dir: Path, *, steps: int | None, overwrite: bool, command: list[str]
+    target: Target,
+    run_dir: Path,
+    *,
+    steps: int | None,
+    overwrite: bool,
+    command: list[str],
+    capture: CaptureSpec | None = None,
+    capture_limit: int = DEFAULT_LIMIT,
 ) -> int:
     """Runs ``target`` to its end (or to step ``steps``) while recording; returns the exit
     status the script itself would have had."""
     session = RecordingSession(
-        run_dir, steps=steps, exit_after_steps=True, overwrite=overwrite, command=command
+        run_dir,
+        steps=steps,
+        exit_after_steps=True,
+        overwrite=overwrite,
+        command=command,
+        capture=capture,
+        capture_limit=capture_limit,
     )
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [target.path, *target.args]

@@ -13,16 +13,20 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..store import schema
+from ..store.captures import INPUT, OUTPUT
 from .arguments import encode, generator_fingerprint
 from .callsite import CallSites
+from .capture import Capturer
 from .collectives import is_collective, wait
 from .kernels import KernelActivity
 from .ops import OpInfo, op_info
 from .provenance import Provenance
-from .tensors import PendingFields, describe, fingerprint_fields, view_fields
+from .tensors import PendingFields, describe, fingerprint_fields, resolve_all, view_fields
 
 _BACKWARD = schema.PHASES.index("backward")
 _OPTIMIZER = schema.PHASES.index("optimizer")
@@ -36,6 +40,7 @@ Pending = list[tuple[Fields, PendingFields]]  # entries whose GPU fingerprint is
 # differ between runs of the same program.
 UNRECORDED_NAMESPACES = frozenset({"profiler"})
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+DATALESS_TENSORS = (FakeTensor, FunctionalTensor)
 
 
 class StepState:
@@ -65,6 +70,8 @@ class OpRecorder(TorchDispatchMode):
         self._in_flight = False
         self.next_index = 0
         self.kernels: KernelActivity | None = None  # set when CUPTI collects GPU activity
+        self.capture: Capturer | None = None  # set by record --capture
+        self._capturing = False  # whether the current op's tensors are captured
         self.active = True
 
     # -- dispatch -------------------------------------------------------------------------
@@ -77,6 +84,10 @@ class OpRecorder(TorchDispatchMode):
         if not self.active or func.namespace in UNRECORDED_NAMESPACES:
             return func(*args, **kwargs)
         if any(t not in PLAIN_TENSORS for t in types):
+            if any(issubclass(t, DATALESS_TENSORS) for t in types):
+                # Fake and functional tensors (DTensor's sharding propagation, tracing) hold no
+                # data, and refuse to run while another mode is active: run them unrecorded.
+                return func(*args, **kwargs)
             # A tensor subclass (the functional collectives' AsyncCollectiveTensor, DTensor)
             # may hold no storage to read: let it unwrap itself; the ops it runs on plain
             # tensors come back through this mode and are recorded.
@@ -123,6 +134,9 @@ class OpRecorder(TorchDispatchMode):
         info = self._infos.get(func)
         if info is None:
             info = self._infos[func] = op_info(func, self._writer.intern_name)
+        self._capturing = self.capture is not None and self.capture.wants(
+            self.next_index, info.name, self._site_now
+        )
         inputs: list[Fields] = []
         written: list[tuple[str, torch.Tensor]] = []
         arguments: list[list[Any]] = []
@@ -151,7 +165,7 @@ class OpRecorder(TorchDispatchMode):
             if name in info.written_args:
                 written.append((name, value))
             if name not in info.out_args:
-                inputs.append(self._input_entry(name, value))
+                self._add_input(inputs, name, value)
         elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
             for k, item in enumerate(value):
                 if isinstance(item, torch.Tensor):
@@ -159,9 +173,28 @@ class OpRecorder(TorchDispatchMode):
                     if name in info.written_args:
                         written.append((slot, item))
                     if name not in info.out_args:
-                        inputs.append(self._input_entry(slot, item))
+                        self._add_input(inputs, slot, item)
         elif name != "generator":
             arguments.append([name, encode(value)])
+
+    def _add_input(self, inputs: list[Fields], slot: str, tensor: torch.Tensor) -> None:
+        entry = self._input_entry(slot, tensor)
+        if self._capturing and self.capture is not None and not _flagged_uninitialized(entry):
+            self.capture.take(self.next_index, INPUT, len(inputs), slot, tensor)
+        inputs.append(entry)
+
+    def _site_now(self) -> tuple[str, int] | None:
+        """The (file, line) the op will be recorded at, looked up before it runs (for
+        ``--capture FILE:LINE``): a backward op's is its forward op's."""
+        site: int | None = None
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            forward = self._forward_sites.get(node._sequence_nr())
+            site = forward[1] if forward is not None else None
+        if site is None:
+            located = self._sites.capture()
+            site = located[0] if located is not None else None
+        return self._sites.location(site) if site is not None else None
 
     def _input_entry(self, slot: str, tensor: torch.Tensor) -> Fields:
         entry = describe(tensor, slot)
@@ -222,7 +255,7 @@ class OpRecorder(TorchDispatchMode):
         written_ids = {id(t) for _, t in written}
         outputs: list[Fields] = []
         seen: set[int] = set()
-        for slot, tensor in _returned_tensors(out):
+        for slot, tensor in returned_tensors(out):
             self._output(index, info, slot, tensor, inputs, outputs, id(tensor) in written_ids)
             seen.add(id(tensor))
         for slot, tensor in written:
@@ -244,7 +277,7 @@ class OpRecorder(TorchDispatchMode):
         if out is not None and not outputs:
             record["v"] = encode(out)  # a returned scalar, e.g. the value of .item()
         if self._pending:
-            self._writer.append(index, _finisher(record, self._pending))
+            self._writer.append(index, DeferredRecord(record, self._pending))
         else:
             self._writer.append(index, record)
         # Counted once queued: a failure above reports this op as the first one not recorded.
@@ -262,7 +295,7 @@ class OpRecorder(TorchDispatchMode):
     ) -> None:
         entry = describe(tensor, slot)
         fields: Fields | PendingFields | None
-        if info.uninitialized_output:
+        if info.uninitialized_output or slot in info.uninitialized_slots:
             fields = {"f": schema.FLAG_UNINITIALIZED}
         elif self._in_flight:
             fields = None
@@ -292,6 +325,13 @@ class OpRecorder(TorchDispatchMode):
             entry["f"] = entry.get("f", 0) | schema.FLAG_WRITTEN
         output_slot = len(outputs)
         outputs.append(entry)
+        if (
+            self._capturing
+            and self.capture is not None
+            and not self._in_flight
+            and not _flagged_uninitialized(entry)
+        ):
+            self.capture.take(index, OUTPUT, output_slot, slot, tensor)
         self._provenance.remember(
             tensor,
             index,
@@ -343,7 +383,7 @@ def failure_info(index: int, exc: BaseException) -> dict[str, Any]:
     }
 
 
-def _returned_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
+def returned_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
     """(slot, tensor) for every plain tensor an op returned, nested lists included. A tensor
     subclass wrapping another (``_c10d_functional::_wrap_tensor_autograd``) is left out: it
     may have no storage, and its content is recorded where it is unwrapped."""
@@ -363,15 +403,24 @@ def _returned_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
     return found
 
 
-def _finisher(record: Fields, pending: Pending) -> Callable[[], Fields]:
+class DeferredRecord:
     """A record completed on the writer thread, once its GPU fingerprints have landed."""
 
-    def finish() -> Fields:
-        for entry, fields in pending:
-            entry.update(fields.resolve())
-        return record
+    __slots__ = ("pending", "record")
 
-    return finish
+    def __init__(self, record: Fields, pending: Pending) -> None:
+        self.record = record
+        self.pending = pending
+
+    def __call__(self) -> Fields:
+        for entry, fields in self.pending:
+            entry.update(fields.resolve())
+        return self.record
+
+
+def collect_deferred(records: list[Any]) -> None:
+    """Writer hook: the GPU results of a batch of deferred records, in one native call."""
+    resolve_all([fields for record in records for _, fields in record.pending])
 
 
 def _op_device(args: tuple, kwargs: dict) -> torch.device:
@@ -384,6 +433,10 @@ def _op_device(args: tuple, kwargs: dict) -> torch.device:
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+def _flagged_uninitialized(entry: Fields) -> bool:
+    return bool(entry.get("f", 0) & schema.FLAG_UNINITIALIZED)
 
 
 def _uninitialized(fields: Fields | PendingFields | None) -> bool:

@@ -24,6 +24,14 @@ UNINITIALIZED_OUTPUT_OPS = frozenset(
     }
 )
 
+# Outputs (by position) that return a buffer this op wrote only in part, the rest being memory
+# nobody has written yet. FSDP2's all_gather_copy_in copies this rank's shard into its slice of
+# the all-gather buffer and returns the whole buffer, which the all-gather then fills: compared
+# as is, leftovers of an earlier step's all-gather would look like a divergence on this rank.
+PARTLY_UNINITIALIZED_OUTPUTS: dict[str, frozenset[str]] = {
+    "fsdp::all_gather_copy_in": frozenset({"1"}),
+}
+
 
 @dataclass(frozen=True, slots=True)
 class OpInfo:
@@ -35,6 +43,7 @@ class OpInfo:
     is_view: bool
     is_random: bool
     uninitialized_output: bool
+    uninitialized_slots: frozenset[str]  # output slots holding partly unwritten memory
     # Non-tensor arguments with a schema default: recorded when the caller leaves them out, so
     # F.gelu(x) and F.gelu(x, approximate="none") record the same call.
     defaults: tuple[tuple[str, Any], ...] = ()
@@ -55,6 +64,7 @@ def op_info(func: torch._ops.OpOverload, intern_name: object) -> OpInfo:
         is_view=bool(func.is_view),
         is_random=torch.Tag.nondeterministic_seeded in func.tags,
         uninitialized_output=base in UNINITIALIZED_OUTPUT_OPS,
+        uninitialized_slots=PARTLY_UNINITIALIZED_OUTPUTS.get(base, frozenset()),
         defaults=tuple(
             (a.name, encode(a.default_value))
             for a in args

@@ -22,10 +22,12 @@ from torch.optim.optimizer import (
 )
 
 from .. import _C, __version__
+from ..capture_spec import DEFAULT_LIMIT, CaptureSpec, format_size
 from ..store import TraceError, TraceWriter, schema
 from ..store.meta import read_meta, recorded_environment, write_meta
+from .capture import Capturer
 from .kernels import KernelActivity
-from .mode import OpRecorder, StepState, failure_info
+from .mode import OpRecorder, StepState, collect_deferred, failure_info
 from .ranks import distributed_info, env_rank, prepared_by_parent, wait_for_rank0
 
 _active: RecordingSession | None = None
@@ -79,6 +81,8 @@ class RecordingSession:
         overwrite: bool = False,
         command: list[str] | None = None,
         rank: int | None = None,
+        capture: CaptureSpec | None = None,
+        capture_limit: int = DEFAULT_LIMIT,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.rank = env_rank() if rank is None else rank
@@ -92,6 +96,9 @@ class RecordingSession:
         self.failure: dict[str, Any] | None = None
         self.state = StepState()
         self._overwrite = overwrite
+        self.capture = capture
+        self.capture_limit = capture_limit
+        self._capturer: Capturer | None = None
         self._recorder: OpRecorder | None = None
         self._hooks: list[Any] = []
         self._stopped_reason: str | None = None
@@ -121,6 +128,9 @@ class RecordingSession:
             },
         )
         self._recorder = OpRecorder(self.writer, self.state, self._on_failure)
+        if self.capture is not None:
+            self._capturer = Capturer(self.capture, self.capture_limit, self.writer)
+            self._recorder.capture = self._capturer
         self._start_gpu_activity()
         self._hooks = [
             register_optimizer_step_pre_hook(self._optimizer_pre),
@@ -147,6 +157,8 @@ class RecordingSession:
         self._note_distributed()
         if self._distributed is not None:
             self.writer.put_info("distributed", self._distributed)
+        if self._capturer is not None:
+            self._report_capture(self._capturer)
         for hook in self._hooks:
             hook.remove()
         _active = None
@@ -171,6 +183,20 @@ class RecordingSession:
                 "recorder_failure": self.failure and self.failure["error"],
             }
             write_meta(self.run_dir, self.meta)
+
+    def _report_capture(self, capturer: Capturer) -> None:
+        """Writes what was captured into the trace, and says on stderr when the cap stopped
+        it: a skipped tensor is evidence the person asked for and will not find."""
+        summary = capturer.summary()
+        self.writer.put_info("capture", summary)
+        if summary["limit_hit"]:
+            op, direction, slot = summary["first_skipped"]
+            print(
+                f"opguard: capture limit {format_size(self.capture_limit)} reached: "
+                f"{summary['skipped']} tensor(s) not captured, the first {direction} {slot} "
+                f"of op {op} (raise --capture-limit)",
+                file=sys.stderr,
+            )
 
     @property
     def _owns_meta(self) -> bool:
@@ -197,6 +223,7 @@ class RecordingSession:
         says in the trace what GPU recording could and could not use."""
         if not torch.cuda.is_available():
             return
+        self.writer.prepare_deferred = collect_deferred
         fingerprints = _C.cuda_status()
         if os.environ.get("OPGUARD_KERNELS", "1") == "0":
             activity, reason = None, "kernel collection turned off (OPGUARD_KERNELS=0)"
@@ -270,6 +297,11 @@ class RecordingSession:
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
             "env": recorded_environment(),
             "steps_limit": self.steps_limit,
+            **(
+                {"capture": {"spec": self.capture.text, "limit": self.capture_limit}}
+                if self.capture is not None
+                else {}
+            ),
             "started": time.time(),
             "status": "running",
         }
@@ -281,14 +313,25 @@ def record(
     steps: int | None = None,
     overwrite: bool = False,
     rank: int | None = None,
+    capture: str | None = None,
+    capture_limit: int = DEFAULT_LIMIT,
 ) -> RecordingSession:
     """Records every op run inside the ``with`` block into ``run_dir``.
 
     ``steps`` stops recording (not the training) after that many optimizer steps. ``rank``
     (default: ``RANK`` from the environment) picks ``run_dir/rank-K``; in a job of several
-    processes rank 0 prepares ``run_dir`` and the others wait for it.
+    processes rank 0 prepares ``run_dir`` and the others wait for it. ``capture`` (a SPEC, see
+    :mod:`opguard.capture_spec`) also stores the full tensors of those ops, up to
+    ``capture_limit`` bytes per rank.
     """
-    return RecordingSession(run_dir, steps=steps, overwrite=overwrite, rank=rank)
+    return RecordingSession(
+        run_dir,
+        steps=steps,
+        overwrite=overwrite,
+        rank=rank,
+        capture=CaptureSpec.parse(capture) if capture is not None else None,
+        capture_limit=capture_limit,
+    )
 
 
 def step() -> None:

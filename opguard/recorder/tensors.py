@@ -26,10 +26,34 @@ def _dtype_info(dtype: torch.dtype) -> tuple[str, int, int]:
     return info
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The stored name of a dtype (``float32``, ``bfloat16``)."""
+    return _dtype_info(dtype)[0]
+
+
+_CUDA_NAMES: dict[int, str] = {}
+
+
+def _device_name(tensor: torch.Tensor) -> str:
+    """``str(tensor.device)`` without building a device object for the common devices."""
+    if tensor.is_cuda:
+        index = tensor.get_device()
+        name = _CUDA_NAMES.get(index)
+        if name is None:
+            name = _CUDA_NAMES[index] = f"cuda:{index}"
+        return name
+    return "cpu" if tensor.is_cpu else str(tensor.device)
+
+
 def describe(tensor: torch.Tensor, slot: str) -> dict[str, Any]:
     """Metadata only: what every entry has, read or not."""
     name, _, _ = _dtype_info(tensor.dtype)
-    entry: dict[str, Any] = {"n": slot, "d": name, "s": list(tensor.shape), "v": str(tensor.device)}
+    entry: dict[str, Any] = {
+        "n": slot,
+        "d": name,
+        "s": list(tensor.shape),
+        "v": _device_name(tensor),
+    }
     if tensor.layout == torch.strided:
         entry["t"] = list(tensor.stride())
     return entry
@@ -73,6 +97,24 @@ class PendingFields:
             self._fields = _fields(kernels.collect(self._ticket))
             self._ticket = None
         return self._fields
+
+
+def resolve_all(pending: list[PendingFields]) -> None:
+    """Resolves many pending fingerprints at once: one wait without the GIL for the batch.
+
+    Collecting them one by one hands the GIL back and forth with the training thread on every
+    tensor, which cost more host time than the recorder's own work on a GPU step."""
+    launched: dict[PendingFields, None] = {}  # in order, once each
+    for fields in pending:
+        while isinstance(fields, DerivedFields):
+            fields = fields._base
+        if fields._fields is None and fields._ticket is not None:
+            launched[fields] = None
+    if launched:
+        results = _gpu().collect_many([fields._ticket for fields in launched])
+        for fields, result in zip(launched, results, strict=True):
+            fields._fields = _fields(result)
+            fields._ticket = None
 
 
 _GPU: Any = None

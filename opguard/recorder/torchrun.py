@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..capture_spec import DEFAULT_LIMIT, CaptureSpec
 from ..store import Run, TraceError
 from ..store.meta import read_meta, write_meta
 from .ranks import PREPARED_ENV
@@ -72,16 +73,27 @@ def parse_job(argv: list[str]) -> TorchrunJob:
 
 
 def run_torchrun(
-    job: TorchrunJob, run_dir: Path, *, steps: int | None, overwrite: bool, command: list[str]
+    job: TorchrunJob,
+    run_dir: Path,
+    *,
+    steps: int | None,
+    overwrite: bool,
+    command: list[str],
+    capture: CaptureSpec | None = None,
+    capture_limit: int = DEFAULT_LIMIT,
 ) -> int:
     """Runs the job with every worker recording; returns torchrun's exit status."""
     prepare_run_dir(run_dir, overwrite)
-    meta = RecordingSession(run_dir, steps=steps, command=command, rank=0)._initial_meta()
+    meta = RecordingSession(
+        run_dir, steps=steps, command=command, rank=0, capture=capture, capture_limit=capture_limit
+    )._initial_meta()
     meta.update(world_size=job.world_size, launcher="torchrun")
     write_meta(run_dir, meta)
     worker = ["-m", "opguard.recorder.launch", "-o", str(run_dir)]
     if steps is not None:
         worker += ["--steps", str(steps)]
+    if capture is not None:
+        worker += ["--capture", capture.text, "--capture-limit", str(capture_limit)]
     worker += ["-m", job.script] if job.is_module else ["--", job.script]
     argv = [sys.executable, "-m", TORCHRUN_MODULE, *job.options, *worker, *job.script_args]
     code = subprocess.run(argv, env={**os.environ, PREPARED_ENV: "1"}).returncode

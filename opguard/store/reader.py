@@ -22,11 +22,12 @@ import lmdb
 import msgpack
 
 from . import schema
+from .captures import CapturedTensor, parse_key
 from .errors import TraceError
 from .meta import read_meta
 from .records import UNKNOWN_SITE, CallSite, OpRecord, TensorRecord
 
-OPTIONAL_DBS = ("kernels",)  # absent in traces recorded without a GPU
+OPTIONAL_DBS = ("kernels", "captures")  # absent in traces recorded before they existed
 CHUNK = 4096  # records per chunk of RankTrace.raw_chunks
 RELEASE_EVERY = 1 << 14  # records read between two releases of the pages they came from
 
@@ -183,6 +184,43 @@ class RankTrace:
         except lmdb.Error:
             return ()
         return tuple(_unpack(raw)) if raw is not None else ()
+
+    def captures(self, index: int) -> list[CapturedTensor]:
+        """The tensors of op ``index`` stored in full (``record --capture``): its inputs as
+        they were before it ran, then its outputs. Empty when the op was not captured."""
+        db = self._dbs.get("captures")
+        if db is None:
+            return []
+        prefix = schema.op_key(index)
+        found: list[CapturedTensor] = []
+        try:
+            with self._env.begin() as txn:
+                cursor = txn.cursor(db=db)
+                if not cursor.set_range(prefix):
+                    return []
+                for key, value in cursor:
+                    if not key.startswith(prefix):
+                        break
+                    found.append(CapturedTensor.decode(key, _unpack(value)))
+        except (lmdb.Error, ValueError, TypeError) as exc:
+            raise TraceError(f"{self.path}: captures of op {index} unreadable ({exc})") from None
+        return found
+
+    def captured_ops(self) -> list[int]:
+        """Indices of the ops that have captured tensors, in order."""
+        db = self._dbs.get("captures")
+        if db is None:
+            return []
+        indices: list[int] = []
+        try:
+            with self._env.begin() as txn:
+                for key in txn.cursor(db=db).iternext(keys=True, values=False):
+                    index = parse_key(key)[0]
+                    if not indices or indices[-1] != index:
+                        indices.append(index)
+        except (lmdb.Error, ValueError) as exc:
+            raise TraceError(f"{self.path}: captures unreadable ({exc})") from None
+        return indices
 
     def raw_ops(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
         """Undecoded op maps in execution order, from ``start`` up to ``stop`` (exclusive)."""

@@ -15,6 +15,13 @@ A run directory holds ``meta.json`` (the run as a whole) and one LMDB environmen
     GPU activity of an op (kernels, memcpys, memsets from CUPTI), written when CUPTI delivers
     it; key: the op's key; value: list of maps ``k`` kind, ``n`` name, ``g`` grid, ``b``
     block, ``s`` stream, ``d`` device, ``t0``/``t1`` start/end (ns), ``z`` bytes.
+``captures``
+    full contents of the tensors of ops chosen with ``opguard record --capture``; key: the op's
+    key + ``x`` (input) or ``y`` (output) + 2-byte big-endian position in the record's list;
+    value: map ``n`` slot, ``d`` dtype, ``s`` shape, ``c`` codec (``zlib``), ``z`` raw byte
+    length, ``b`` the bytes of the elements in logical (row-major) order, compressed. The
+    ``info`` entry ``capture`` says what was asked, what was stored and whether the size cap
+    stopped it (:mod:`opguard.store.captures`).
 
 Op record fields (short keys keep traces small; readers map them to names)::
 
@@ -38,7 +45,7 @@ from __future__ import annotations
 import struct
 
 SCHEMA_VERSION = 1
-DB_NAMES = ("ops", "names", "sites", "stacks", "info", "kernels")
+DB_NAMES = ("ops", "names", "sites", "stacks", "info", "kernels", "captures")
 META_FILE = "meta.json"
 RANK_DIR_PREFIX = "rank-"
 

@@ -80,8 +80,13 @@ class TraceWriter:
         # Called on the writer thread before each batch (final=True at close): returns GPU
         # activity by op index, which arrives from CUPTI later than the ops themselves.
         self.poll_kernels: Callable[[bool], dict[int, list[Any]]] | None = None
+        # Called on the writer thread with a batch's deferred records before they are packed,
+        # so their GPU results can be collected in one native call instead of one per tensor
+        # (op records only: captured tensors are packed by callables too).
+        self.prepare_deferred: Callable[[list[Packer]], None] | None = None
         self.records_written = 0
         self.bytes_written = 0
+        self.busy_seconds = 0.0  # spent packing and committing: the writer's throughput
         self._thread = threading.Thread(target=self._run, name="opguard-writer", daemon=True)
         self._thread.start()
 
@@ -116,7 +121,12 @@ class TraceWriter:
                 return
 
     def _commit(self, batch: list[tuple[str, bytes, Any]]) -> None:
+        started = time.perf_counter()
         packb = msgpack.Packer(use_bin_type=True).pack
+        if self.prepare_deferred is not None:
+            deferred = [value for db, _, value in batch if db == "ops" and callable(value)]
+            if deferred:
+                self.prepare_deferred(deferred)
         by_db: dict[str, list[tuple[bytes, bytes]]] = {}
         for db, key, value in batch:
             if callable(value):
@@ -140,6 +150,7 @@ class TraceWriter:
                 self._env.set_mapsize(self._env.info()["map_size"] * 2)
         self.records_written += len(by_db.get("ops", ()))
         self.bytes_written += sum(len(v) for items in by_db.values() for _, v in items)
+        self.busy_seconds += time.perf_counter() - started
 
     def _kernel_items(self, final: bool) -> list[tuple[str, bytes, Any]]:
         if self.poll_kernels is None:
@@ -151,6 +162,11 @@ class TraceWriter:
             self._put_later("info", b"kernels_failure", f"{type(exc).__name__}: {exc}")
             return []
         return [("kernels", schema.op_key(op), items) for op, items in sorted(by_op.items())]
+
+    def put_capture(self, key: bytes, value: Packer) -> None:
+        """Queues a captured tensor (see :mod:`opguard.store.captures`); ``value`` is called
+        on the writer thread, so compression never runs on the training thread."""
+        self._put_later("captures", key, value)
 
     def put_info(self, key: str, value: Any) -> None:
         """Writes an ``info`` entry with the next batch (e.g. a recorder failure)."""

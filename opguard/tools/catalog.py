@@ -14,6 +14,19 @@ RANK = Param("rank", "integer", "rank (default: the lowest recorded)", "--rank",
 # explain's settings are checked where every source of them is (flags, environment, config).
 STEP = Param("step", "integer", "compare only this step", "--step", minimum=0)
 PAIR = (RUN_A, RUN_B, INDEX, SIDE, RANK)
+# The zoom commands (tensor, replay) name run A's op with --op and default to rank 0.
+OP = Param(
+    "index",
+    "integer",
+    "op index in run A (record it with --capture)",
+    "--op",
+    required=True,
+    minimum=0,
+)
+OP_B = Param(
+    "op_b", "integer", "op index in run B (default: the one aligned with A's)", "--op-b", minimum=0
+)
+RANK0 = Param("rank", "integer", "rank", "--rank", default=0, minimum=0)
 ANSWERS = "opguard.tools.answers"
 
 TOOLS: tuple[Tool, ...] = (
@@ -33,6 +46,13 @@ TOOLS: tuple[Tool, ...] = (
                 "python", "string", "interpreter to run under (OpGuard installed there)", "--python"
             ),
             Param("module", "string", "run this module (python -m) instead of a script", "-m"),
+            Param(
+                "capture",
+                "string",
+                "also store the full tensors of these ops (for tensor and replay): indices "
+                "(812), ranges (800-820), op names or call sites (train.py:42), comma-separated",
+                "--capture",
+            ),
             Param(
                 "overwrite",
                 "boolean",
@@ -150,6 +170,50 @@ TOOLS: tuple[Tool, ...] = (
         ),
         "opguard.cli.commands.explain:answer",
         fixed=("--brief",),
+    ),
+    Tool(
+        "tensor",
+        "Captured tensors of one op compared element by element: how many differ, by how much (abs, rel, ULPs), where, what the pattern suggests.",
+        (
+            RUN_A,
+            RUN_B,
+            OP,
+            OP_B,
+            RANK0,
+            Param("input", "string", "only this input (position or slot name)", "--input"),
+            Param("output", "string", "only this output (default: every output)", "--output"),
+        ),
+        "opguard.cli.commands.tensor:answer",
+    ),
+    Tool(
+        "replay",
+        "Re-run a captured op on its captured inputs N times (every GPU, else CPU, and float64): deterministic? reproduces run A (and B)?",
+        (
+            Param("run_a", "string", "the run whose captured op is replayed", required=True),
+            OP,
+            OP_B,
+            RANK0,
+            Param(
+                "times",
+                "integer",
+                "replays per device",
+                "--times",
+                default=5,
+                minimum=1,
+                maximum=100,
+            ),
+            Param("against", "string", "also compare with this run's aligned op", "--against"),
+            Param(
+                "device", "string", "only this device (default: every GPU, else cpu)", "--device"
+            ),
+        ),
+        "opguard.cli.commands.replay:answer",
+    ),
+    Tool(
+        "nan",
+        "The first op per rank whose outputs hold NaN or Inf while its inputs did not.",
+        (RUN, RANK),
+        "opguard.cli.commands.nan:answer",
     ),
 )
 

@@ -19,12 +19,14 @@ from rich.table import Table
 from rich.text import Text
 
 from ..analysis.divergence import differing_arguments, differing_tensors
+from ..analysis.elementwise import ElementwiseDiff, compare
 from ..analysis.rows import Row, Side
 from ..store import CallSite, OpRecord, RankTrace, TensorRecord, TraceError
 from ..store.records import STAT_NAMES
 
 VALUES_SHOWN = 4
 KERNELS_SHOWN = 8
+HEAT_DIMS = 2  # strips shown per captured tensor
 DIFFERS = "bold red"
 COUNTS = ("nan", "inf")
 
@@ -51,6 +53,7 @@ class Selection:
     b: OpRecord | None
     stacks: tuple[list[CallSite], list[CallSite]]
     producers: tuple[Producer, ...]
+    captured: tuple[ElementwiseDiff, ...] = ()  # outputs captured in both runs, compared
 
     @classmethod
     def load(cls, row: Row, traces: tuple[RankTrace, RankTrace], mark: str = "") -> Selection:
@@ -60,7 +63,7 @@ class Selection:
             traces[0].stack(a.stack_id) if a is not None else [],
             traces[1].stack(b.stack_id) if b is not None else [],
         )
-        return cls(row, mark, a, b, stacks, _producers(a, b, traces))
+        return cls(row, mark, a, b, stacks, _producers(a, b, traces), _captured(a, b, traces))
 
     def follow(self, number: int | None = None) -> Producer | None:
         """Producer ``number``; by default the first one whose input differs (the way back
@@ -92,6 +95,20 @@ def _producers(
             Producer(len(found) + 1, tensor.slot, side, index, name, tensor.slot in differing)
         )
     return tuple(found)
+
+
+def _captured(
+    a: OpRecord | None, b: OpRecord | None, traces: tuple[RankTrace, RankTrace]
+) -> tuple[ElementwiseDiff, ...]:
+    """Element-wise comparisons of the outputs both runs captured (``record --capture``)."""
+    if a is None or b is None:
+        return ()
+    theirs = {t.label: t for t in traces[1].captures(b.index) if t.direction == "y"}
+    return tuple(
+        compare(t, theirs[t.label])
+        for t in traces[0].captures(a.index)
+        if t.direction == "y" and t.label in theirs
+    )
 
 
 # -- rendering --------------------------------------------------------------------------------
@@ -272,6 +289,26 @@ def _kernels(a: OpRecord | None, b: OpRecord | None) -> Table | None:
     return table
 
 
+def _heat(diffs: Sequence[ElementwiseDiff]) -> Text | None:
+    """Captured outputs: share of differing elements and a strip per dimension (darker: more
+    differing elements along that stretch of the dimension), and the pattern's name."""
+    if not diffs:
+        return None
+    text = Text("captured tensors (opguard tensor for the full report)\n", style="bold")
+    for d in diffs:
+        head = f"  {d.label} {d.dtype}{list(d.shape)}: "
+        if not d.differing:
+            text.append(head + f"{d.verdict or 'identical'}\n")
+            continue
+        text.append(head + f"{d.differing}/{d.elements} differ ({d.fraction:.1%})\n")
+        for spread in d.spread[:HEAT_DIMS]:
+            text.append(f"    dim {spread.dim} ")
+            text.append(spread.strip(), style=DIFFERS)
+            text.append("\n")
+        text.append(f"    {d.verdict}\n", style="dim")
+    return text
+
+
 def _title(sel: Selection) -> Text:
     """The op and its status; then which op it is in each run, its phase and step."""
     status = sel.mark or sel.row.status.value
@@ -296,6 +333,7 @@ def render(sel: Selection) -> RenderableType:
         tensors = [getattr(op, title) if op is not None else () for op in (a, b)]
         if any(tensors):
             parts.append(_tensors(title, tensors[0], tensors[1], runs))
+    parts.append(_heat(sel.captured))
     parts.append(_producer_text(sel.producers))
     parts.extend(_sources(a, b))
     stacks = [(run, frames) for run, frames in zip(("A", "B"), sel.stacks, strict=True) if frames]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...analysis import diff_runs
 from ...store import Run
-from .base import CommandError, print_json
+from .base import CommandError, print_json, tool_errors
 
 if TYPE_CHECKING:  # the agent (and LiteLLM behind it) is imported only when explain runs
     from ...agent import Agent, Event, Session
@@ -83,15 +83,11 @@ def run(args: argparse.Namespace) -> int:
 
 def answer(args: dict[str, Any]) -> dict[str, Any]:
     """The ``explain`` tool: what ``opguard explain … --json --brief`` prints."""
-    from ...tools import ToolError
-
     flags = {name: args.get(name) for name in SETTING_FLAGS}
-    try:
+    with tool_errors():
         report, _ = _explain(
             args["run_a"], args["run_b"], args["rank"], args["step"], flags, args["question"]
         )
-    except CommandError as exc:
-        raise ToolError(str(exc)) from None
     return _brief(report)
 
 

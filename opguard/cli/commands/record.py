@@ -6,18 +6,15 @@ import argparse
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from ...capture_spec import DEFAULT_LIMIT, CaptureSpec, SpecError, parse_size
 from ...store import TraceError
-from .base import CommandError, call_tool, print_json
+from .base import CommandError, call_tool, child_command, print_json
 
 OUTPUT_TAIL = 20  # last lines of the script's stdout and stderr in the JSON answer
 LINE_CHARS = 300
-# `python -c` puts the working directory first on sys.path, where a source checkout of OpGuard
-# would shadow the installed package; the recorded script still runs in this directory.
-CHILD = "import sys; sys.path[:1] = [p for p in sys.path[:1] if p]; from opguard.cli import main; main()"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,6 +36,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--python",
         metavar="PY",
         help="run under this interpreter (OpGuard must be installed there)",
+    )
+    p.add_argument(
+        "--capture",
+        metavar="SPEC",
+        help="also store the full input and output tensors of these ops: comma-separated op "
+        "indices (812), ranges (800-820), op names (aten::addmm.default) or call sites "
+        "(train.py:42)",
+    )
+    p.add_argument(
+        "--capture-limit",
+        metavar="SIZE",
+        default=str(DEFAULT_LIMIT),
+        help="most bytes of tensors captured per rank (default 256MiB)",
     )
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
     p.add_argument(
@@ -62,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
             "python": args.python,
             "module": args.module,
             "overwrite": args.overwrite,
+            "capture": args.capture,
             "script": target_args[0] if target_args and not args.module else None,
             "args": target_args if args.module else target_args[1:],
         }
@@ -70,6 +81,11 @@ def run(args: argparse.Namespace) -> int:
         return int(answer_["exit_code"])
     if args.steps is not None and args.steps < 1:
         raise CommandError("--steps must be at least 1")
+    try:
+        capture = CaptureSpec.parse(args.capture) if args.capture is not None else None
+        capture_limit = parse_size(args.capture_limit)
+    except SpecError as exc:
+        raise CommandError(str(exc)) from None
     if args.python:
         return _run_elsewhere(args, target_args)
 
@@ -84,7 +100,13 @@ def run(args: argparse.Namespace) -> int:
         except TraceError as exc:
             raise CommandError(str(exc)) from None
         return run_torchrun(
-            job, Path(args.output), steps=args.steps, overwrite=args.overwrite, command=command
+            job,
+            Path(args.output),
+            steps=args.steps,
+            overwrite=args.overwrite,
+            command=command,
+            capture=capture,
+            capture_limit=capture_limit,
         )
     if args.module:
         target = Target(args.module, target_args, is_module=True)
@@ -99,7 +121,13 @@ def run(args: argparse.Namespace) -> int:
     where = target.describe() if target.is_module else ["--", *target.describe()]
     command = ["opguard", "record", "-o", args.output, *where]
     return run_recorded(
-        target, Path(args.output), steps=args.steps, overwrite=args.overwrite, command=command
+        target,
+        Path(args.output),
+        steps=args.steps,
+        overwrite=args.overwrite,
+        command=command,
+        capture=capture,
+        capture_limit=capture_limit,
     )
 
 
@@ -118,6 +146,8 @@ def _run_elsewhere(args: argparse.Namespace, target_args: list[str]) -> int:
         forwarded += ["--steps", str(args.steps)]
     if args.overwrite:
         forwarded.append("--overwrite")
+    if args.capture is not None:
+        forwarded += ["--capture", args.capture, "--capture-limit", args.capture_limit]
     if args.module:
         forwarded += ["-m", args.module]
     forwarded += ["--", *target_args]
@@ -133,11 +163,7 @@ def answer(args: dict[str, Any]) -> dict[str, Any]:
 
     if not args["script"] and not args["module"]:
         raise ToolError("record needs a script (or a module)")
-    argv = BY_NAME["record"].argv(args, json=False)
-    child = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True)
-    error = child.stderr.rstrip().rsplit("\n", 1)[-1]
-    if child.returncode == 2 and error.startswith("opguard: error: "):
-        raise ToolError(error.removeprefix("opguard: error: "))
+    child = child_command(BY_NAME["record"].argv(args, json=False))
     summary = show({"run": args["output"], "rank": None})
     return {
         "run": str(Path(args["output"]).resolve()),

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Everything GPU in one device session: build the extension for Hopper, run the cuda tests,
+# then the GPU benchmarks, writing each output under $OUT (default ./gpu-out).
+#
+#   bash bench/gpu_session.sh [tests] [bench] [ddp] [compile]     (default: all four)
+#
+# On a machine without lmdb, put its wheel in .whl/ first (see docs/PERFORMANCE.md).
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+ROOT=$PWD
+parts=${*:-tests bench ddp compile}
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+if [ ! -f /tmp/opguard-built ] || [ -n "$(find csrc opguard -newer /tmp/opguard-built -print -quit)" ]; then
+  rm -rf build  # a kept build/ whose files are older than the sources would go stale silently
+  python3 -m pip install --no-build-isolation --no-deps -q . \
+    -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90 -C cmake.define.OPGUARD_CUDA=ON || exit 1
+  touch /tmp/opguard-built
+fi
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpus.txt"
+
+cd /tmp  # never import opguard from the source tree (it has no built extension)
+for part in $parts; do
+  case $part in
+    tests)
+      python3 -m pytest -q -p no:cacheprovider -m cuda "$ROOT/tests" 2>&1 | tail -25 | tee "$OUT/tests.txt" ;;
+    bench)
+      python3 "$ROOT/bench/fingerprint_gpu.py" --mib 512 2>&1 | tee "$OUT/fingerprint_gpu.txt"
+      python3 "$ROOT/bench/overhead.py" --rounds 2 --steps 5 --json "$OUT/overhead.json" 2>&1 \
+        | grep -v Warning | tee "$OUT/overhead.txt"
+      python3 "$ROOT/bench/overhead_profile.py" --steps 3 2>&1 | grep -v Warning | tee "$OUT/profile.txt"
+      python3 "$ROOT/bench/overhead_profile.py" --steps 2 --gpu --top 12 2>&1 | grep -v Warning \
+        | tail -14 | tee -a "$OUT/profile.txt" ;;
+    ddp)
+      python3 -m torch.distributed.run --standalone --nproc-per-node 2 "$ROOT/bench/overhead.py" --rounds 2 --steps 5 \
+        --no-debugmode --json "$OUT/overhead_ddp.json" 2>&1 | grep -v Warning | tail -12 \
+        | tee "$OUT/overhead_ddp.txt" ;;
+    compile)
+      python3 "$ROOT/bench/overhead.py" --compile --rounds 2 --steps 5 --no-debugmode \
+        --json "$OUT/overhead_compile.json" 2>&1 | grep -v Warning | tail -12 \
+        | tee "$OUT/overhead_compile.txt" ;;
+  esac
+done

@@ -1,0 +1,163 @@
+"""Where the host time of a recorded GPU training step goes, for the GPT-2 step of
+``bench/overhead.py``:
+
+1. CPU time per step of each thread of the process (the training thread, autograd's device
+   thread, OpGuard's trace writer), from /proc: a step whose threads are busy for its whole
+   length is host-bound;
+2. wall time per step inside each part of the recorder (the dispatch handler, the work before
+   and after each op, entry building, provenance, fingerprint launches, call sites), measured by
+   wrapping those functions with a timer; parts nest, so shares overlap;
+3. with ``--gpu``, the GPU time of the recorded steps by kernel, from torch.profiler (OpGuard's
+   own kernel collection off, since CUPTI takes one subscriber): the fingerprint kernels' share
+   of the device.
+
+    python bench/overhead_profile.py [--steps 3] [--top 20] [--batch 8] [--seq 1024] [--gpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from overhead import build
+
+import opguard
+from opguard.recorder import mode
+
+# (owner, function name) of the recorder parts timed by --parts
+PARTS: list[tuple[Any, str]] = [
+    (mode.OpRecorder, "__torch_dispatch__"),
+    (mode.OpRecorder, "_before"),
+    (mode.OpRecorder, "_after"),
+    (mode.OpRecorder, "_input_entry"),
+    (mode.OpRecorder, "_output"),
+    (mode.OpRecorder, "_locate"),
+    (mode, "describe"),
+    (mode, "fingerprint_fields"),
+    (mode, "view_fields"),
+    (mode.Provenance, "find"),
+    (mode.Provenance, "remember"),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--gpu", action="store_true", help="GPU time by kernel instead")
+    args = parser.parse_args()
+
+    step, _ = build(args.batch, args.seq)
+    step()  # warm-up outside the recording
+    if args.gpu:
+        gpu_time_by_kernel(step, args.steps, args.top)
+    else:
+        cpu_by_thread(step, args.steps)
+        time_by_part(step, args.steps)
+
+
+def recorded(
+    step: Callable[[], float], steps: int, during: Callable[[], None]
+) -> tuple[Any, float]:
+    """Records a warm-up step, then ``steps`` more with ``during`` called before them: (the
+    session, wall seconds per step)."""
+    with tempfile.TemporaryDirectory() as workdir, opguard.record(Path(workdir) / "run") as run:
+        step()
+        torch.cuda.synchronize()
+        during()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        return run, (time.perf_counter() - t0) / steps
+
+
+def cpu_by_thread(step: Callable[[], float], steps: int) -> None:
+    before: dict[int, tuple[str, float]] = {}
+    run, wall = recorded(step, steps, lambda: before.update(thread_cpu_seconds()))
+    after = thread_cpu_seconds()
+    names = {
+        threading.main_thread().native_id: "training (main)",
+        run.writer._thread.native_id: "opguard writer",
+    }
+    print(f"recorded step {wall * 1e3:.1f} ms; CPU ms per step by thread:")
+    used = {tid: after[tid][1] - before.get(tid, ("", 0.0))[1] for tid in after}
+    for tid, seconds in sorted(used.items(), key=lambda item: -item[1])[:4]:
+        print(f"  {names.get(tid, after[tid][0]):<24} {seconds / steps * 1e3:8.1f}")
+
+
+def time_by_part(step: Callable[[], float], steps: int) -> None:
+    total: dict[str, float] = collections.defaultdict(float)
+    calls: collections.Counter[str] = collections.Counter()
+    originals = [(owner, name, getattr(owner, name)) for owner, name in PARTS]
+
+    def timer(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                total[name] += time.perf_counter() - t0
+                calls[name] += 1
+
+        return timed
+
+    for owner, name, function in originals:
+        setattr(owner, name, timer(name, function))
+    try:
+        _, wall = recorded(step, steps, lambda: (total.clear(), calls.clear()))
+    finally:
+        for owner, name, function in originals:
+            setattr(owner, name, function)
+    print(f"recorded step {wall * 1e3:.1f} ms (parts timed); wall time by part:")
+    for name, seconds in sorted(total.items(), key=lambda item: -item[1]):
+        print(
+            f"  {name:<20} {seconds / steps * 1e3:8.1f} ms/step {calls[name] // steps:6d} "
+            f"calls/step {seconds / calls[name] * 1e6:7.1f} µs/call"
+        )
+
+
+def gpu_time_by_kernel(step: Callable[[], float], steps: int, top: int) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    os.environ["OPGUARD_KERNELS"] = "0"
+    with tempfile.TemporaryDirectory() as workdir, opguard.record(Path(workdir) / "run"):
+        step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_time_total > 0]
+    total = sum(e.device_time_total for e in kernels)
+    print(f"GPU kernel time per recorded step: {total / steps / 1e3:.1f} ms")
+    for e in sorted(kernels, key=lambda e: -e.device_time_total)[:top]:
+        print(f"  {e.device_time_total / steps / 1e3:8.2f} ms {e.count // steps:6d}x  {e.key[:90]}")
+
+
+def thread_cpu_seconds() -> dict[int, tuple[str, float]]:
+    """(name, user + system CPU seconds) of every thread of this process, from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / ticks)
+    return out
+
+
+if __name__ == "__main__":
+    main()
