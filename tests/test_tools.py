@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -35,8 +36,9 @@ ENV = {"OPGUARD_MODEL": "", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 @pytest.fixture(scope="module")
 def runs(demo_runs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The demo pair, a GPU-like copy of run A with two kernel records on op 178, and a place
-    for recordings."""
+    """The demo pair, a GPU-like copy of run A with two kernel records on op 178, the pair's
+    first step recorded again capturing op 175 (the divergent layer norm), and a place for
+    recordings."""
     root = tmp_path_factory.mktemp("tools")
     gpu = root / "gpu"
     # Without LMDB's lock file: a copy of it may hold the recorder's writer mutex.
@@ -50,7 +52,35 @@ def runs(demo_runs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory)
     with env.begin(write=True) as txn:
         txn.put(schema.op_key(178), msgpack.packb(kernels), db=db)
     env.close()
-    return {"A": str(demo_runs[0]), "B": str(demo_runs[1]), "GPU": str(gpu), "TMP": str(root)}
+    captured = {"CA": root / "capture-a", "CB": root / "capture-b"}
+    recordings = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "opguard",
+                "record",
+                "-o",
+                str(out),
+                "--capture",
+                "175",
+                "--steps",
+                "1",
+                "--",
+                str(DEMO / f"train_{script}.py"),
+            ],
+            cwd=root,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for out, script in zip(captured.values(), ("baseline", "refactored"), strict=True)
+    ]
+    for recording in recordings:
+        _, err = recording.communicate(timeout=300)
+        assert recording.returncode == 0, err
+    paths = {"A": demo_runs[0], "B": demo_runs[1], "GPU": gpu, "TMP": root, **captured}
+    return {k: str(v) for k, v in paths.items()}
 
 
 def fill(arguments: dict[str, Any], runs: dict[str, str]) -> dict[str, Any]:
@@ -92,6 +122,13 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("kernels", "kernels", {"run": "{GPU}", "index": 178, "limit": 1}),
     ("kernels-none", "kernels", {"run": "{A}", "index": 175}),
     ("explain", "explain", {"run_a": "{A}", "run_b": "{B}"}),
+    ("tensor", "tensor", {"run_a": "{CA}", "run_b": "{CB}", "index": 175, "output": "0"}),
+    (
+        "replay",
+        "replay",
+        {"run_a": "{CA}", "index": 175, "against": "{CB}", "times": 2, "device": "cpu"},
+    ),
+    ("nan", "nan", {"run": "{A}"}),
 ]
 BAD: list[tuple[str, str, dict[str, Any], str]] = [
     ("no-op", "op", {"run_a": "{A}", "run_b": "{B}", "index": 999999}, "has no op 999999"),
@@ -117,6 +154,8 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
     ),
     ("not-a-run", "diff", {"run_a": "{A}", "run_b": str(DEMO)}, "not"),
     ("no-script", "record", {"output": "{TMP}/never"}, "needs a script"),
+    ("not-captured", "tensor", {"run_a": "{A}", "run_b": "{B}", "index": 175}, "was not captured"),
+    ("replay-not-captured", "replay", {"run_a": "{A}", "index": 175}, "was not captured"),
     (
         "budget",
         "explain",
@@ -273,6 +312,13 @@ def test_answers_hold_the_facts(over_mcp: dict[str, Any], runs: dict[str, str]) 
     )
 
     assert "evidence" not in answer["explain"] and "eps" in answer["explain"]["evidence_text"]
+    tensor = answer["tensor"]["tensors"]
+    assert len(tensor) == 1 and 0 < tensor[0]["differing"] <= tensor[0]["elements"]
+    replay = answer["replay"]
+    assert replay["deterministic"] and replay["matches_a"] and not replay["matches_b"]
+    assert [d["name"] for d in replay["b_arguments_differ"]] == ["eps"]
+    # The demo's causal mask is filled with -inf: the first op to make a non-finite value.
+    assert answer["nan"]["ranks"][0]["first_seen"]["op"] == "aten::masked_fill.Scalar"
     rec = answer["record"]
     assert rec["exit_code"] == 0 and rec["ranks"][0]["steps"] == 1 and rec["status"] == "stopped"
 
@@ -353,10 +399,13 @@ def test_usage_lines_parse(runs: dict[str, str]) -> None:
     for tool in TOOLS:
         given = {p.name: values[p.kind] for p in tool.all_params if not p.choices}
         given.update({p.name: p.choices[-1] for p in tool.all_params if p.choices})
+        if tool.name == "tensor":
+            del given["output"]  # --input and --output exclude each other
         parsed = vars(parser.parse_args(tool.argv(given)))
         for p in tool.params:
-            if p.flag is not None:  # positionals are placed by order, flags by name
-                stored = parsed.get(p.name, parsed.get(f"arg_{p.name}"))
+            if p.flag is not None and p.name in given:  # positionals go by order, flags by name
+                dest = p.flag.lstrip("-").replace("-", "_")
+                stored = parsed.get(f"arg_{p.name}", parsed.get(p.name, parsed.get(dest)))
                 assert str(stored) == str(given[p.name]), (tool.name, p.name)  # explain: strings
         if tool.name == "record":
             assert parsed["target"][-3:] == ["x", "y", "z"]  # script, then its arguments
