@@ -15,7 +15,16 @@ Under torchrun (``torchrun --nproc-per-node 2 bench/overhead.py``) every rank tr
 wrapped in DistributedDataParallel over NCCL, one GPU each, and rank 0 reports its own times
 (DDP's all-reduces keep the ranks in step).
 
-    python bench/overhead.py [--steps 6] [--rounds 3] [--batch 8] [--seq 1024] [--json out.json]
+``--compile`` runs the model through ``torch.compile`` (Inductor) in every mode: plain compiled
+steps against recorded compiled steps, where OpGuard records each compiled region, its Triton
+kernels and the ATen ops it falls back to. Compiled regions are visible to a recorder only when
+compiled with ``torch._inductor.config.wrap_inductor_compiled_regions`` set (``opguard record``
+sets it before the script runs); the benchmark compiles once, with it set, for all modes.
+DebugMode and the passthrough mode are left out: under them Dynamo runs the model eagerly (or,
+for DebugMode, records nothing inside compiled regions).
+
+    python bench/overhead.py [--steps 6] [--rounds 3] [--batch 8] [--seq 1024] [--compile]
+                             [--json out.json]
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -48,7 +58,9 @@ def distributed() -> bool:
     return True
 
 
-def build(batch: int, seq: int) -> tuple[Callable[[], float], torch.nn.Module]:
+def build(
+    batch: int, seq: int, compile: bool = False
+) -> tuple[Callable[[], float], torch.nn.Module]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
@@ -61,9 +73,15 @@ def build(batch: int, seq: int) -> tuple[Callable[[], float], torch.nn.Module]:
         trained = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
     opt = torch.optim.AdamW(trained.parameters(), lr=1e-4)
     tokens = torch.randint(0, model.config.vocab_size, (batch, seq), device="cuda")
+    forward: Callable[..., Any] = trained
+    if compile:
+        from torch._inductor import config as inductor_config
+
+        inductor_config.wrap_inductor_compiled_regions = True
+        forward = torch.compile(trained)
 
     def step() -> float:
-        out = trained(tokens, labels=tokens)
+        out = forward(tokens, labels=tokens)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         opt.step()
@@ -102,10 +120,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--no-debugmode", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
-    step, _ = build(args.batch, args.seq)
+    step, _ = build(args.batch, args.seq, compile=args.compile)
     if distributed():  # one run directory shared by the ranks, each writing its rank-K
         job = os.environ.get("TORCHELASTIC_RUN_ID", "job")
         workdir = Path(tempfile.gettempdir()) / f"opguard-bench-{job}"
@@ -157,7 +176,9 @@ def main() -> None:
         "opguard": recording,
         "opguard-nokernels": recording_without_kernels,
     }
-    if not args.no_debugmode:
+    if args.compile:
+        del modes["passthrough"]
+    elif not args.no_debugmode:
         modes["debugmode"] = debugmode
     for ctx in modes.values():  # warm-up: allocator, cuBLAS handles, autotuning
         timed(step, ctx, 2)
@@ -198,6 +219,7 @@ def main() -> None:
         "torch": torch.__version__,
         "batch": args.batch,
         "seq": args.seq,
+        "compiled": args.compile,
         "rounds": args.rounds,
         "steps": args.steps,
         "ops_per_step": ops / steps_recorded,
@@ -214,7 +236,8 @@ def main() -> None:
         if torch.distributed.get_rank() != 0:
             return
     print(
-        f"GPT-2 124M, batch {args.batch} x {args.seq}, {result['device']}, torch {torch.__version__}"
+        f"GPT-2 124M{', torch.compile' if args.compile else ''}, batch {args.batch} x {args.seq}, "
+        f"{result['device']}, torch {torch.__version__}"
         f", {result['world_size']} rank(s)"
     )
     print(

@@ -19,6 +19,7 @@ import pytest
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 BASE = SCENARIOS / "base.py"
 GPT2_BASE = SCENARIOS / "gpt2_base.py"
+COMPILED = SCENARIOS / "compiled_model.py"
 
 VARIANTS = (  # variant_NAME.py: base.py with one change
     "lr",
@@ -39,6 +40,22 @@ RECORDINGS: dict[str, tuple[Path, tuple[str, ...]]] = {
     **{name: (SCENARIOS / f"variant_{name}.py", ()) for name in VARIANTS},
     "gpt2": (GPT2_BASE, ()),
     "gpt2_eps": (SCENARIOS / "variant_gpt2_eps.py", ()),
+    # torch.compile (tests/test_compiled.py): options of compiled_model.py in SCRIPT_ARGS
+    "compiled": (COMPILED, ()),
+    "compiled_rerun": (COMPILED, ()),
+    "compiled_gelu": (COMPILED, ()),
+    "compiled_divide": (COMPILED, ()),
+    "eager": (COMPILED, ("--eager",)),
+    "eager_numpy": (COMPILED, ("--eager",)),
+    "eager_verified": (COMPILED, ("--eager", "--verify-inputs")),
+    "eager_numpy_verified": (COMPILED, ("--eager", "--verify-inputs")),
+}
+# The script's own arguments, for recordings that pass any.
+SCRIPT_ARGS: dict[str, tuple[str, ...]] = {
+    "compiled_gelu": ("--activation", "gelu"),
+    "compiled_divide": ("--scale", "divide"),
+    "eager_numpy": ("--numpy-write",),
+    "eager_numpy_verified": ("--numpy-write",),
 }
 # Every scenario pair: each variant against its baseline, and the baseline against itself.
 PAIRS: tuple[tuple[str, str], ...] = (
@@ -79,9 +96,17 @@ class Recordings:
         return [self._done[n] for n in names]
 
     def _start(self, name: str) -> subprocess.Popen[str]:
-        """``opguard record -o ROOT/NAME [OPTIONS] -- SCRIPT``, as a user runs it."""
+        """``opguard record -o ROOT/NAME [OPTIONS] -- SCRIPT [ARGS]``, as a user runs it."""
         script, options = RECORDINGS[name]
-        command = ["record", "-o", str(self.root / name), *options, "--", str(script)]
+        command = [
+            "record",
+            "-o",
+            str(self.root / name),
+            *options,
+            "--",
+            str(script),
+            *SCRIPT_ARGS.get(name, ()),
+        ]
         return subprocess.Popen(
             [sys.executable, "-m", "opguard", *command],
             cwd=self.root,

@@ -121,7 +121,8 @@ def _leaf(div: Divergence) -> list[str]:
 def _unrecorded(div: Divergence) -> list[str]:
     return [
         f"{_last_slot(div)} was equal when produced and differs when read: something OpGuard "
-        "did not record wrote it (a custom extension, a .data write, a NumPy view)"
+        "did not record wrote it (a custom extension, a .data write, a NumPy view)",
+        *(w.text() for w in div.windows),
     ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..store import OpRecord
+from .compilation import compile_modes
 from .diff import RankDiff, RunDiff
 from .divergence import Divergence, TensorDiff
 from .nonfinite import Nonfinite, nonfinite_tensors
@@ -58,6 +59,7 @@ def divergence_json(div: Divergence) -> dict[str, Any]:
         "kernels": {"a": list(div.observed_a.kernels), "b": list(div.observed_b.kernels)},
         "kernels_differ": div.kernels_differ,
         "stream_race": div.race or None,
+        "unrecorded_writes": [w.to_json() for w in div.windows],
         "chain": [
             {"a": link.a.index, "b": link.b.index, "op": link.a.op, "slot": link.slot}
             for link in div.chain
@@ -137,10 +139,13 @@ def nonfinite_json(n: Nonfinite) -> dict[str, Any]:
 
 def to_json(result: RunDiff) -> dict[str, Any]:
     first = result.first
+    divergence = divergence_json(first) if first is not None else None
+    if divergence is not None:
+        divergence["known_difference"] = result.known_difference or None
     return {
         "schema": SCHEMA,
         "verdict": result.verdict,
-        "first_divergence": divergence_json(first) if first is not None else None,
+        "first_divergence": divergence,
         "aligned": sum(r.aligned for r in result.ranks),
         "unaligned_a": sum(r.only_a for r in result.ranks),
         "unaligned_b": sum(r.only_b for r in result.ranks),
@@ -148,6 +153,7 @@ def to_json(result: RunDiff) -> dict[str, Any]:
         "ranks": [rank_json(r) for r in result.ranks],
         "notes": result.notes,
         "origin_ranks": result.origin_ranks,
+        "torch_compile": compile_modes(result.meta_a, result.meta_b),
         "ranks_only_in": {"a": result.only_in_a, "b": result.only_in_b},
         "nonfinite": {
             side: [nonfinite_json(n) for r in result.ranks if (n := getattr(r, attr)) is not None]

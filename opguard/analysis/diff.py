@@ -20,6 +20,7 @@ from typing import Any
 
 from ..store import RankTrace, Run, TraceError
 from .align import AlignReader, align_keys
+from .compilation import known_difference
 from .divergence import Divergence, Explainer
 from .keys import KeyTable, LightReader, OpColumns
 from .myers import Run as MatchRun
@@ -337,6 +338,12 @@ class RunDiff:
     @property
     def verdict(self) -> str:
         return "diverged" if self.first is not None else "identical"
+
+    @property
+    def known_difference(self) -> str:
+        """Why the first divergence is expected (compiled vs eager recording), or ''."""
+        first = self.first
+        return known_difference(first, self.meta_a, self.meta_b) if first is not None else ""
 
 
 def diff_runs(

@@ -42,6 +42,29 @@ class Link:
     slot: str
 
 
+@dataclass(frozen=True, slots=True)
+class WriteWindow:
+    """In run ``run``, a tensor written by op ``producer`` was changed by code OpGuard did not
+    record after op ``after`` (the last op that read it unchanged, or its producer) and before
+    op ``before`` (the first that read it changed)."""
+
+    run: str  # "A" | "B"
+    producer: int
+    after: int
+    before: int
+
+    def text(self) -> str:
+        return f"run {self.run}: written by unrecorded code between op {self.after} and op {self.before}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "producer": self.producer,
+            "after": self.after,
+            "before": self.before,
+        }
+
+
 @dataclass
 class Divergence:
     rank: int
@@ -60,6 +83,9 @@ class Divergence:
     summary: str = ""
     hint: str = ""  # what the evidence suggests a person check first, when it suggests anything
     race: str = ""  # evidence of a stream race on the op that read the difference
+    # unrecorded-write: where, in each run whose read differs from the write, the unrecorded
+    # write happened (between two ops)
+    windows: list[WriteWindow] = field(default_factory=list)
 
     @property
     def kernels_differ(self) -> bool:
@@ -247,6 +273,14 @@ class Explainer:
                     and _content(out_a) == _content(out_b)
                 ):
                     div.cause = "unrecorded-write"  # equal when written, different when read
+                    div.windows = [
+                        window
+                        for run, trace, produced, reader in (
+                            ("A", self.trace_a, pa, op_a.index),
+                            ("B", self.trace_b, pb, op_b.index),
+                        )
+                        if (window := _write_window(run, trace, produced, reader)) is not None
+                    ]
                     return
                 inputs, unwritten, arguments, rng = self._assess(prod_a, prod_b)
                 if not inputs:  # the producers differ by themselves: the cause
@@ -312,7 +346,48 @@ class Explainer:
                     f"run {run} did not pass '{d.name}' (the op's default applied), the other "
                     f"run passed {_fmt(d.b if run == 'A' else d.a)}"
                 )
+        if div.cause == "origin" and not div.kernels_differ and _reused_cpu_inputs(div.a):
+            return (
+                "CPU ops give equal outputs for equal inputs: unless this one is "
+                "nondeterministic, code OpGuard does not record (an extension writing through a "
+                "pointer, a NumPy view, a .data write) may have changed an input after its "
+                "producer's fingerprint was taken; record both runs with --verify-inputs to "
+                "find where"
+            )
         return ""
+
+
+def _reused_cpu_inputs(op: OpRecord | None) -> bool:
+    """Whether ``op`` ran on the CPU and read a tensor a recorded op produced (whose fingerprint
+    the recorder reuses unless told to verify inputs)."""
+    return (
+        op is not None
+        and all(t.device == "cpu" for t in (*op.inputs, *op.outputs))
+        and any(t.producer is not None for t in op.inputs)
+    )
+
+
+MAX_WINDOW_SCAN = 1_000_000  # ops read to narrow an unrecorded write down
+
+
+def _write_window(
+    run: str, trace: RankTrace, produced: tuple[int, int], reader: int
+) -> WriteWindow | None:
+    """Narrows down when a tensor changed without a recorded op: the readers of output
+    ``produced`` up to op ``reader`` saw its content unchanged until one did not. None when
+    every reader (``reader`` included) saw what was written."""
+    written = _output(trace.op(produced[0]), produced[1])
+    if written is None:
+        return None
+    after = produced[0]
+    for op in trace.ops(produced[0] + 1, min(reader + 1, produced[0] + 1 + MAX_WINDOW_SCAN)):
+        for t in op.inputs:
+            if t.producer != produced or t.content_key() is None:
+                continue
+            if _content(t) != _content(written):
+                return WriteWindow(run, produced[0], after, op.index)
+            after = op.index
+    return None
 
 
 def _never_written(t: TensorRecord, trace: RankTrace) -> bool:
@@ -403,9 +478,10 @@ def summarise(div: Divergence) -> str:
                 f"input '{link.slot}' of {link.a.op} at {link.a.call_site.short()} was equal when "
                 f"produced and differs when read: {div.race}"
             )
+        where = "".join(f"; {w.text()}" for w in div.windows)
         return (
             f"input '{link.slot}' of {link.a.op} at {link.a.call_site.short()} was equal when "
-            "produced and differs when read: changed by code OpGuard did not record"
+            f"produced and differs when read: changed by code OpGuard did not record{where}"
         )
     if div.cause == "inserted" and div.b is not None:
         return f"{_op_text(div.b)} only in run B feeds the divergence at {where}"

@@ -8,6 +8,7 @@ from typing import Any
 from rich.markup import escape
 
 from ..analysis import Divergence, RunDiff, TensorDiff
+from ..analysis.compilation import mode_note
 from ..analysis.nonfinite import Nonfinite, nonfinite_tensors
 from ..store import OpRecord, TensorRecord
 from .render import console
@@ -62,12 +63,14 @@ def _op_block(label: str, op: OpRecord | None) -> None:
         console.print(f"       {site.line} │ {escape(line)}")
 
 
-def print_divergence(div: Divergence) -> None:
+def print_divergence(div: Divergence, known: str = "") -> None:
     console.print(
         f"\n[bold]First observed difference[/] — rank {div.rank}, step {div.step}, "
         f"kind: [bold]{div.kind}[/] ({div.cause})"
     )
     console.print(f"  {escape(div.summary)}")
+    if known:
+        console.print(f"  [bold]known difference:[/] {escape(known)}")
     if div.hint:
         console.print(f"  [bold]hint:[/] {escape(div.hint)}")
     _op_block("A", div.a)
@@ -101,8 +104,11 @@ def print_diff(result: RunDiff) -> None:
         f"[bold {colour}]{verdict.upper()}[/]  A: {escape(result.path_a)}  "
         f"B: {escape(result.path_b)}"
     )
+    note = mode_note(result.meta_a, result.meta_b)
+    if note:
+        console.print(f"  note: {escape(note)}")
     if result.first is not None:
-        print_divergence(result.first)
+        print_divergence(result.first, result.known_difference)
     if len(result.ranks) > 1 and result.first is not None:
         _print_roles(result)
     found = [

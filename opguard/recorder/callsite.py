@@ -60,6 +60,8 @@ class CallSites:
         if filename.startswith("<frozen") or filename.startswith("<__array_function__"):
             return False
         real = os.path.realpath(filename) if os.path.isabs(filename) else filename
+        if _generated_by_inductor(real):
+            return False
         return next((u for prefixes, u in self._rules if real.startswith(prefixes)), True)
 
     def _site_id(self, frame: FrameType) -> int:
@@ -81,6 +83,14 @@ class CallSites:
         if sites is None:
             return None
         return sites[-1], self._writer.intern_stack(sites)  # stored as a msgpack array
+
+
+def _generated_by_inductor(path: str) -> bool:
+    """Inductor's generated wrapper modules (compiled regions) live in its cache directory,
+    outside torch, and are torch's code. Inductor sets ``TORCHINDUCTOR_CACHE_DIR`` the first
+    time it uses its cache, before any generated code can run."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return cache is not None and path.startswith(os.path.realpath(cache) + os.sep)
 
 
 def _site_payload(filename: str, line: int, function: str) -> list[object]:

@@ -42,17 +42,21 @@ def run_recorded(
     steps: int | None,
     overwrite: bool,
     command: list[str],
+    eager: bool = False,
+    verify_inputs: bool = False,
     capture: CaptureSpec | None = None,
     capture_limit: int = DEFAULT_LIMIT,
 ) -> int:
-    """Runs ``target`` to its end (or to step ``steps``) while recording; returns the exit
-    status the script itself would have had."""
+    """Runs ``target`` to its end (or to step ``steps``) while recording (with ``eager``:
+    ``torch.compile`` turned off); returns the exit status the script itself would have had."""
     session = RecordingSession(
         run_dir,
         steps=steps,
         exit_after_steps=True,
         overwrite=overwrite,
         command=command,
+        eager=eager,
+        verify_inputs=verify_inputs,
         capture=capture,
         capture_limit=capture_limit,
     )

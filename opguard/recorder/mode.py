@@ -70,11 +70,26 @@ class OpRecorder(TorchDispatchMode):
         self._in_flight = False
         self.next_index = 0
         self.kernels: KernelActivity | None = None  # set when CUPTI collects GPU activity
+        # The phase of ops run inside a compiled region's forward graph, where autograd has
+        # turned gradients off (None: read it from the grad mode).
+        self.region_phase: int | None = None
         self.capture: Capturer | None = None  # set by record --capture
         self._capturing = False  # whether the current op's tensors are captured
         self.active = True
+        # Fingerprint every input again instead of reusing what its producer wrote: finds
+        # writes the dispatcher never saw (NumPy views, extensions writing through pointers),
+        # which leave the version counter alone.
+        self.verify_inputs = False
 
     # -- dispatch -------------------------------------------------------------------------
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Lets ``torch.compile`` compile while recording: without this, Dynamo sees a user
+        dispatch mode and silently runs every compiled function eagerly, so the recorded run
+        would compute something else than the unrecorded one. Compiled regions come back to
+        this mode as units (:mod:`opguard.recorder.compiled`)."""
+        return True
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
@@ -93,31 +108,71 @@ class OpRecorder(TorchDispatchMode):
             # tensors come back through this mode and are recorded.
             return NotImplemented
         try:
-            pending = self._before(func, args, kwargs)
+            info = self.info_for(func, lambda: op_info(func, self._writer.intern_name))
         except Exception as exc:
-            self._fail(exc)
+            self.fail(exc)
             return func(*args, **kwargs)
-        if self.kernels is None:
-            out = func(*args, **kwargs)
+        # An output still in flight is fingerprinted by its first reader, not here.
+        in_flight = (
+            (lambda out: not wait(func.namespace, func._opname, out))
+            if is_collective(func.namespace)
+            else None
+        )
+        return self.record_call(info, func, args, kwargs, in_flight=in_flight)
+
+    def record_call(
+        self,
+        info: OpInfo,
+        run: Callable[..., Any],
+        args: tuple,
+        kwargs: dict,
+        *,
+        in_flight: Callable[[Any], bool] | None = None,
+        arguments: list[list[Any]] | None = None,
+        nested: bool = False,
+    ) -> Any:
+        """Runs ``run(*args, **kwargs)`` once and records it as one op described by ``info``:
+        an ATen op, or a unit the dispatcher does not see (a compiled region, a generated
+        kernel). ``arguments``: extra non-tensor arguments to record (e.g. a code digest).
+        ``nested``: ``run`` records ops of its own (a compiled region's kernels), which come
+        first in the trace and own their GPU work."""
+        try:
+            pending = self._before(info, args, kwargs, nested)
+            if arguments:
+                pending[3].extend(arguments)
+        except Exception as exc:
+            self.fail(exc)
+            return run(*args, **kwargs)
+        if self.kernels is None or nested:
+            out = run(*args, **kwargs)
         else:  # GPU work launched by the op is tied to its index
             self.kernels.push(self.next_index)
             try:
-                out = func(*args, **kwargs)
+                out = run(*args, **kwargs)
             finally:
                 self.kernels.pop()
-        # An output still in flight is fingerprinted by its first reader, not here.
-        self._in_flight = is_collective(func.namespace) and not wait(
-            func.namespace, func._opname, out
-        )
+        self._in_flight = in_flight is not None and in_flight(out)
         try:
             self._after(pending, out)
         except Exception as exc:
-            self._fail(exc)
+            self.fail(exc)
         return out
 
-    def _fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
+        """Stops recording (the training goes on) and reports why."""
         self.active = False
         self._on_failure(self.next_index, exc)
+
+    def intern_name(self, name: str) -> int:
+        return int(self._writer.intern_name(name))
+
+    def info_for(self, key: Any, build: Callable[[], OpInfo]) -> OpInfo:
+        """The cached :class:`OpInfo` of ``key`` (an ATen overload, a compiled region, a
+        generated kernel), built on first use: op names are interned per trace."""
+        info = self._infos.get(key)
+        if info is None:
+            info = self._infos[key] = build()
+        return info
 
     def forget_step(self) -> None:
         """Drops per-step state at a step boundary: the forward call sites of backward ops."""
@@ -125,17 +180,17 @@ class OpRecorder(TorchDispatchMode):
 
     # -- before the op: inputs, arguments, RNG ----------------------------------------------
 
-    def _before(self, func: Any, args: tuple, kwargs: dict) -> tuple:
+    def _before(self, info: OpInfo, args: tuple, kwargs: dict, nested: bool) -> tuple:
         if self._writer.error is not None:
             raise RuntimeError(f"trace writer failed: {self._writer.error}")
         self._provenance.settle()
         self._pending = []
         self._base = None
-        info = self._infos.get(func)
-        if info is None:
-            info = self._infos[func] = op_info(func, self._writer.intern_name)
-        self._capturing = self.capture is not None and self.capture.wants(
-            self.next_index, info.name, self._site_now
+        # A unit with ops of its own inside gets its index only after them: not captured.
+        self._capturing = (
+            not nested
+            and self.capture is not None
+            and self.capture.wants(self.next_index, info.name, self._site_now)
         )
         inputs: list[Fields] = []
         written: list[tuple[str, torch.Tensor]] = []
@@ -150,7 +205,7 @@ class OpRecorder(TorchDispatchMode):
             passed = set(names[: len(args)]).union(kwargs)
             arguments.extend([name, value] for name, value in info.defaults if name not in passed)
         rng = self._rng_state(kwargs.get("generator"), args, kwargs) if info.is_random else None
-        return info, inputs, written, arguments, rng
+        return info, inputs, written, arguments, rng, self._pending, self._base, self._capturing
 
     def _classify(
         self,
@@ -200,7 +255,9 @@ class OpRecorder(TorchDispatchMode):
         entry = describe(tensor, slot)
         known, exact = self._provenance.find(tensor)
         fields: Fields | PendingFields | None = None
-        if known is not None and exact:
+        if known is not None and exact and self.verify_inputs:
+            fields = fingerprint_fields(tensor)
+        elif known is not None and exact:
             if known.fields is None:
                 known.fields = fingerprint_fields(tensor)
             fields = known.fields
@@ -250,7 +307,8 @@ class OpRecorder(TorchDispatchMode):
     # -- after the op: outputs, call site, record ------------------------------------------
 
     def _after(self, pending: tuple, out: Any) -> None:
-        info, inputs, written, arguments, rng = pending
+        # The scratch state of this op, which ops recorded inside it (a compiled region's) reset.
+        info, inputs, written, arguments, rng, self._pending, self._base, self._capturing = pending
         index = self.next_index
         written_ids = {id(t) for _, t in written}
         outputs: list[Fields] = []
@@ -359,6 +417,8 @@ class OpRecorder(TorchDispatchMode):
             record["p"] = (
                 _OPTIMIZER
                 if steps.in_optimizer
+                else self.region_phase
+                if self.region_phase is not None
                 else (_FORWARD if torch.is_grad_enabled() else _OTHER)
             )
             located = self._sites.capture()

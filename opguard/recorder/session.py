@@ -25,6 +25,7 @@ from .. import _C, __version__
 from ..capture_spec import DEFAULT_LIMIT, CaptureSpec, format_size
 from ..store import TraceError, TraceWriter, schema
 from ..store.meta import read_meta, recorded_environment, write_meta
+from . import compiled
 from .capture import Capturer
 from .kernels import KernelActivity
 from .mode import OpRecorder, StepState, collect_deferred, failure_info
@@ -81,6 +82,8 @@ class RecordingSession:
         overwrite: bool = False,
         command: list[str] | None = None,
         rank: int | None = None,
+        eager: bool = False,
+        verify_inputs: bool = False,
         capture: CaptureSpec | None = None,
         capture_limit: int = DEFAULT_LIMIT,
     ) -> None:
@@ -102,6 +105,9 @@ class RecordingSession:
         self._recorder: OpRecorder | None = None
         self._hooks: list[Any] = []
         self._stopped_reason: str | None = None
+        self.eager = eager
+        self.verify_inputs = verify_inputs
+        self._compile_settings = compiled.CompileSettings(eager)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -128,6 +134,7 @@ class RecordingSession:
             },
         )
         self._recorder = OpRecorder(self.writer, self.state, self._on_failure)
+        self._recorder.verify_inputs = self.verify_inputs
         if self.capture is not None:
             self._capturer = Capturer(self.capture, self.capture_limit, self.writer)
             self._recorder.capture = self._capturer
@@ -141,6 +148,9 @@ class RecordingSession:
         # collections scanning the whole heap for them cost a third of its time. Numerics are
         # untouched; cycles that become garbage among those objects wait until close().
         gc.freeze()
+        compiled.register(OpRecorder)
+        compiled.attach(self._recorder)
+        self._compile_settings.apply()
         self._recorder.__enter__()
         _active = self
         return self
@@ -153,6 +163,8 @@ class RecordingSession:
             return
         recorder, self._recorder = self._recorder, None
         recorder.__exit__(None, None, None)
+        compiled.attach(None)
+        self._compile_settings.restore()
         gc.unfreeze()
         self._note_distributed()
         if self._distributed is not None:
@@ -297,6 +309,9 @@ class RecordingSession:
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
             "env": recorded_environment(),
             "steps_limit": self.steps_limit,
+            # "disabled": recorded with torch.compile turned off (opguard record --eager)
+            "torch_compile": "disabled" if self.eager else "enabled",
+            "verify_inputs": self.verify_inputs,
             **(
                 {"capture": {"spec": self.capture.text, "limit": self.capture_limit}}
                 if self.capture is not None
@@ -313,6 +328,8 @@ def record(
     steps: int | None = None,
     overwrite: bool = False,
     rank: int | None = None,
+    eager: bool = False,
+    verify_inputs: bool = False,
     capture: str | None = None,
     capture_limit: int = DEFAULT_LIMIT,
 ) -> RecordingSession:
@@ -320,6 +337,10 @@ def record(
 
     ``steps`` stops recording (not the training) after that many optimizer steps. ``rank``
     (default: ``RANK`` from the environment) picks ``run_dir/rank-K``; in a job of several
+    processes rank 0 prepares ``run_dir`` and the others wait for it. ``eager`` turns
+    ``torch.compile`` off while recording (compiled functions run their Python code).
+    ``verify_inputs`` fingerprints every input when it is read, so writes no recorded op made
+    show up (slower).
     processes rank 0 prepares ``run_dir`` and the others wait for it. ``capture`` (a SPEC, see
     :mod:`opguard.capture_spec`) also stores the full tensors of those ops, up to
     ``capture_limit`` bytes per rank.
@@ -329,6 +350,8 @@ def record(
         steps=steps,
         overwrite=overwrite,
         rank=rank,
+        eager=eager,
+        verify_inputs=verify_inputs,
         capture=CaptureSpec.parse(capture) if capture is not None else None,
         capture_limit=capture_limit,
     )

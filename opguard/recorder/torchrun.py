@@ -79,19 +79,32 @@ def run_torchrun(
     steps: int | None,
     overwrite: bool,
     command: list[str],
+    eager: bool = False,
+    verify_inputs: bool = False,
     capture: CaptureSpec | None = None,
     capture_limit: int = DEFAULT_LIMIT,
 ) -> int:
     """Runs the job with every worker recording; returns torchrun's exit status."""
     prepare_run_dir(run_dir, overwrite)
     meta = RecordingSession(
-        run_dir, steps=steps, command=command, rank=0, capture=capture, capture_limit=capture_limit
+        run_dir,
+        steps=steps,
+        command=command,
+        rank=0,
+        eager=eager,
+        verify_inputs=verify_inputs,
+        capture=capture,
+        capture_limit=capture_limit,
     )._initial_meta()
     meta.update(world_size=job.world_size, launcher="torchrun")
     write_meta(run_dir, meta)
     worker = ["-m", "opguard.recorder.launch", "-o", str(run_dir)]
     if steps is not None:
         worker += ["--steps", str(steps)]
+    if eager:
+        worker.append("--eager")
+    if verify_inputs:
+        worker.append("--verify-inputs")
     if capture is not None:
         worker += ["--capture", capture.text, "--capture-limit", str(capture_limit)]
     worker += ["-m", job.script] if job.is_module else ["--", job.script]

@@ -33,6 +33,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run in RUN_DIR")
     p.add_argument(
+        "--eager",
+        action="store_true",
+        help="turn torch.compile off: compiled functions run eagerly, op by op",
+    )
+    p.add_argument(
+        "--verify-inputs",
+        action="store_true",
+        help="fingerprint every op input again (slower): shows writes no recorded op made",
+    )
+    p.add_argument(
         "--python",
         metavar="PY",
         help="run under this interpreter (OpGuard must be installed there)",
@@ -94,7 +104,16 @@ def run(args: argparse.Namespace) -> int:
 
     launcher = torchrun_argv(target_args, args.module)
     if launcher is not None:
-        command = ["opguard", "record", "-o", args.output, "--", "torchrun", *launcher]
+        command = [
+            "opguard",
+            "record",
+            "-o",
+            args.output,
+            *_switches(args),
+            "--",
+            "torchrun",
+            *launcher,
+        ]
         try:
             job = parse_job(launcher)
         except TraceError as exc:
@@ -105,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
             steps=args.steps,
             overwrite=args.overwrite,
             command=command,
+            eager=args.eager,
+            verify_inputs=args.verify_inputs,
             capture=capture,
             capture_limit=capture_limit,
         )
@@ -119,16 +140,27 @@ def run(args: argparse.Namespace) -> int:
         target = Target(script, target_args[1:])
     # As typed, so that it replays: `-m MODULE ARGS…` or `-- SCRIPT ARGS…`.
     where = target.describe() if target.is_module else ["--", *target.describe()]
-    command = ["opguard", "record", "-o", args.output, *where]
+    command = ["opguard", "record", "-o", args.output, *_switches(args), *where]
     return run_recorded(
         target,
         Path(args.output),
         steps=args.steps,
         overwrite=args.overwrite,
         command=command,
+        eager=args.eager,
+        verify_inputs=args.verify_inputs,
         capture=capture,
         capture_limit=capture_limit,
     )
+
+
+def _switches(args: argparse.Namespace) -> list[str]:
+    """The recording switches as typed, for the replayable command and other interpreters."""
+    return [
+        flag
+        for flag, on in (("--eager", args.eager), ("--verify-inputs", args.verify_inputs))
+        if on
+    ]
 
 
 def _run_elsewhere(args: argparse.Namespace, target_args: list[str]) -> int:
@@ -146,6 +178,7 @@ def _run_elsewhere(args: argparse.Namespace, target_args: list[str]) -> int:
         forwarded += ["--steps", str(args.steps)]
     if args.overwrite:
         forwarded.append("--overwrite")
+    forwarded += _switches(args)
     if args.capture is not None:
         forwarded += ["--capture", args.capture, "--capture-limit", args.capture_limit]
     if args.module:

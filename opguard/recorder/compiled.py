@@ -1,0 +1,353 @@
+"""``torch.compile`` while recording: compiled regions as recorded units, and the kernels Inductor
+generated for them.
+
+The dispatch mode never sees what a compiled region computes: Inductor runs fused C++ or Triton
+kernels from a generated Python wrapper, and only the ATen ops it falls back to ("extern
+kernels" such as GEMMs) reach the dispatcher. PyTorch offers a hook for this
+(``torch._inductor.config.wrap_inductor_compiled_regions``): every call of a compiled graph
+while a dispatch mode is active becomes the higher-order op ``inductor_compiled_code``, which
+this module implements for :class:`OpRecorder`. Each call then records:
+
+- every generated kernel it launches, as ``inductor::<kernel name>`` (Inductor's names carry no
+  hashes, ``cpp_fused_mul_relu_0``, so two runs of the same code align them), with its read
+  arguments fingerprinted before and its written ones after, and a digest of its source code;
+- the ATen ops it falls back to, as ordinary ops;
+- the region itself, last, as ``compiled::forward`` or ``compiled::backward`` with its inputs,
+  outputs, the user's call site, a digest of its FX graph and the ATen ops in it.
+
+Kernels are found in the wrapper module's globals, where the wrapper looks them up at each call,
+and are replaced there by recording proxies that pass straight through when nothing records.
+A kernel's arguments are classified by Inductor's own naming of kernel parameters
+(``in_ptr``: read, ``out_ptr``: written, ``in_out_ptr``: both).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.abc
+import re
+import sys
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..store import schema
+from .ops import OpInfo
+
+if TYPE_CHECKING:
+    from .mode import OpRecorder
+
+REGION_NAMESPACE = "compiled"
+KERNEL_NAMESPACE = "inductor"
+INDUCTOR_CONFIG = "torch._inductor.config"
+DYNAMO_CONFIG = "torch._dynamo.config"
+
+_BACKWARD = schema.PHASES.index("backward")
+_FORWARD = schema.PHASES.index("forward")
+_OTHER = schema.PHASES.index("other")
+_MARK = "__opguard_kernels__"  # set in a wrapper module's globals once its kernels are wrapped
+_KERNEL_SIGNATURE = re.compile(r'extern\s+"C"[^(]*\bkernel\s*\(([^)]*)\)')
+
+_recorder: OpRecorder | None = None  # the recorder kernel proxies report to, while recording
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+# -- settings applied while recording ------------------------------------------------------------
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``apply(module)`` right after ``name`` is first imported: importing Inductor's
+    config eagerly would cost every recording seconds, though most scripts never compile."""
+
+    def __init__(self, name: str, apply: Callable[[ModuleType], None]) -> None:
+        self.name = name
+        self.apply = apply
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                loader: Any = spec.loader
+                loader.exec_module = self._then_apply(loader.exec_module)
+                return spec
+        return None
+
+    def _then_apply(self, load: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
+        def exec_module(module: ModuleType) -> None:
+            load(module)
+            self.apply(module)
+
+        return exec_module
+
+
+class CompileSettings:
+    """The torch settings a recording needs: compiled regions visible to the recorder, and with
+    ``eager`` Dynamo turned off (``opguard record --eager``). Applied when the config modules
+    are imported (now, if they already are), undone by :meth:`restore`."""
+
+    def __init__(self, eager: bool) -> None:
+        self._wanted: dict[str, dict[str, Any]] = {
+            INDUCTOR_CONFIG: {"wrap_inductor_compiled_regions": True}
+        }
+        if eager:
+            self._wanted[DYNAMO_CONFIG] = {"disable": True}
+        self._saved: list[tuple[ModuleType, str, Any]] = []
+        self._hooks: list[_AfterImport] = []
+
+    def apply(self) -> None:
+        for name, values in self._wanted.items():
+            module = sys.modules.get(name)
+            if module is not None:
+                self._set(module, values)
+            else:
+                hook = _AfterImport(name, partial(self._set, values=values))
+                self._hooks.append(hook)
+                sys.meta_path.insert(0, hook)
+
+    def _set(self, module: ModuleType, values: dict[str, Any]) -> None:
+        for key, value in values.items():
+            self._saved.append((module, key, getattr(module, key)))
+            setattr(module, key, value)
+
+    def restore(self) -> None:
+        for hook in self._hooks:
+            if hook in sys.meta_path:
+                sys.meta_path.remove(hook)
+        for module, key, value in reversed(self._saved):
+            setattr(module, key, value)
+        self._hooks.clear()
+        self._saved.clear()
+
+
+# -- compiled regions ----------------------------------------------------------------------------
+
+
+def register(recorder_type: type) -> None:
+    """Implements the ``inductor_compiled_code`` higher-order op for the recorder's mode."""
+    from torch._higher_order_ops.wrap import inductor_compiled_code
+
+    if recorder_type not in inductor_compiled_code.python_key_table:
+        inductor_compiled_code.py_impl(recorder_type)(_run_region)
+
+
+def attach(recorder: OpRecorder | None) -> None:
+    """Kernel proxies record into ``recorder`` from now on (None: they only run)."""
+    global _recorder
+    _recorder = recorder
+
+
+def _run_region(mode: OpRecorder, func: Any, inputs: list[Any], *, name: str | None = None) -> Any:
+    """One call of a compiled graph (``func``: an ``InductorCompiledCallable``) under the
+    recorder: its kernels and fallback ops, then the region as a unit."""
+    plain = all(
+        type(t) in (torch.Tensor, torch.nn.Parameter) for t in inputs if isinstance(t, torch.Tensor)
+    )
+    if not mode.active or not plain:
+        with mode:
+            return func(inputs)
+    backward = torch._C._current_autograd_node() is not None
+    kind = "backward" if backward else "forward"
+    try:
+        info = mode.info_for((func, kind), lambda: _region_info(mode, name, kind))
+        arguments = _graph_arguments(func)
+        _instrument(func.compiled_callable)
+    except Exception as exc:  # the region still runs, unrecorded
+        mode.fail(exc)
+        return func(inputs)
+    saved_phase = mode.region_phase
+    if not backward:
+        # Inside the autograd function that runs a forward graph gradients are off; inputs
+        # that require them say it is a training forward, as the same ops would be eagerly.
+        needs_grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
+        mode.region_phase = _FORWARD if needs_grad or torch.is_grad_enabled() else _OTHER
+    try:
+        with mode:  # the fallback ATen ops inside are recorded as ops of their own
+            return mode.record_call(info, func, (inputs,), {}, arguments=arguments, nested=True)
+    finally:
+        mode.region_phase = saved_phase
+
+
+def unit_info(
+    mode: OpRecorder,
+    name: str,
+    arg_names: tuple[str, ...],
+    written: frozenset[str] = frozenset(),
+    write_only: frozenset[str] = frozenset(),
+) -> OpInfo:
+    """An op the dispatcher does not see (a region, a kernel), described like an ATen op."""
+    return OpInfo(
+        name=name,
+        name_id=mode.intern_name(name),
+        arg_names=arg_names,
+        written_args=written,
+        out_args=write_only,
+        is_view=False,
+        is_random=False,
+        uninitialized_output=False,
+        uninitialized_slots=frozenset(),
+    )
+
+
+def _region_info(mode: OpRecorder, name: str | None, kind: str) -> OpInfo:
+    return unit_info(mode, f"{REGION_NAMESPACE}::{name + '.' if name else ''}{kind}", ("inputs",))
+
+
+_GRAPHS: weakref.WeakKeyDictionary[Any, list[list[Any]]] = weakref.WeakKeyDictionary()
+
+
+def _graph_arguments(func: Any) -> list[list[Any]]:
+    """A region's FX graph as recorded arguments: its digest and the ATen ops in it, equal in
+    two runs of the same code and telling what changed when they are not."""
+    arguments = _GRAPHS.get(func)
+    if arguments is None:
+        graph = getattr(func, "original_gm", None)
+        arguments = []
+        if graph is not None:
+            targets = [
+                node.target._schema.name.removeprefix("aten::")
+                for node in graph.graph.nodes
+                if isinstance(node.target, torch._ops.OpOverload)
+            ]
+            arguments = [
+                ["graph", _digest(graph.code)],
+                ["ops", ", ".join(dict.fromkeys(targets))],
+            ]
+        _GRAPHS[func] = arguments
+    return arguments
+
+
+# -- generated kernels ---------------------------------------------------------------------------
+
+
+def _instrument(compiled: Any) -> None:
+    """Wraps the kernels of the wrapper module behind ``compiled`` (``Runner.call``), once."""
+    function = getattr(compiled, "__func__", compiled)
+    namespace = getattr(function, "__globals__", None)
+    if namespace is None or namespace.get(_MARK):
+        return
+    namespace[_MARK] = True
+    path = namespace.get("__file__")
+    if not path:
+        return
+    with open(path) as handle:
+        sources = kernel_sources(handle.read())
+    for name, (parameters, source) in sources.items():
+        kernel = namespace.get(name)
+        code = [["code", _digest(source)]]
+        if hasattr(kernel, "triton_meta") and hasattr(kernel, "run"):  # a CachingAutotuner
+            parameters = tuple(kernel.triton_meta.get("signature", {}))
+            mutated = frozenset(kernel.inductor_meta.get("mutated_arg_names", ()))
+            namespace[name] = TritonKernel(kernel, Kernel(name, parameters, mutated, code))
+        elif callable(kernel) and parameters:
+            namespace[name] = CppKernel(kernel, Kernel(name, parameters, frozenset(), code))
+
+
+def kernel_sources(wrapper_source: str) -> dict[str, tuple[tuple[str, ...], str]]:
+    """Kernels a generated wrapper module defines: name -> (parameter names, source code), from
+    its ``NAME = async_compile.cpp_pybinding(ARGTYPES, SOURCE)`` and
+    ``NAME = async_compile.triton('NAME', SOURCE, …)`` statements. C++ parameters are read from
+    the ``kernel(...)`` signature; Triton's come from the compiled kernel at run time."""
+    found: dict[str, tuple[tuple[str, ...], str]] = {}
+    for node in ast.parse(wrapper_source).body:
+        if not (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Attribute)
+            and node.value.func.attr in ("cpp_pybinding", "triton")
+            and len(node.value.args) >= 2
+            and isinstance(node.value.args[1], ast.Constant)
+            and isinstance(node.value.args[1].value, str)
+        ):
+            continue
+        source = node.value.args[1].value
+        parameters: tuple[str, ...] = ()
+        if node.value.func.attr == "cpp_pybinding":
+            signature = _KERNEL_SIGNATURE.search(source)
+            if signature is None:
+                continue
+            parameters = tuple(
+                re.findall(r"\w+", declaration)[-1]
+                for declaration in signature.group(1).split(",")
+                if declaration.strip()
+            )
+        found[node.targets[0].id] = (parameters, source)
+    return found
+
+
+@dataclass(frozen=True, eq=False)  # one per kernel: identity is its cache key
+class Kernel:
+    """A generated kernel as an op: ``in_ptr*`` parameters are read; ``out_ptr*`` written
+    without being read; ``in_out_ptr*`` (and what Inductor lists as mutated) read and written.
+    ``arguments``: the digest of its source, recorded with every launch."""
+
+    name: str
+    parameters: tuple[str, ...]
+    mutated: frozenset[str]
+    arguments: list[list[Any]]
+
+    def info(self, mode: OpRecorder) -> OpInfo:
+        written = {p for p in self.parameters if p.startswith(("out_ptr", "in_out_ptr"))}
+        return unit_info(
+            mode,
+            f"{KERNEL_NAMESPACE}::{self.name}",
+            self.parameters,
+            frozenset(written | self.mutated),
+            frozenset(p for p in self.parameters if p.startswith("out_ptr")),
+        )
+
+    def launch(self, run: Callable[..., Any], args: tuple) -> Any:
+        """Runs the kernel, recorded when a region is being recorded."""
+        mode = _recorder
+        if mode is None or not mode.active:
+            return run(*args)
+        info = mode.info_for(self, lambda: self.info(mode))
+        return mode.record_call(info, run, args, {}, arguments=self.arguments)
+
+
+class CppKernel:
+    """A generated C++ kernel (called with tensors and sizes) in its wrapper module."""
+
+    __slots__ = ("kernel", "spec")
+
+    def __init__(self, kernel: Callable[..., Any], spec: Kernel) -> None:
+        self.kernel = kernel
+        self.spec = spec
+
+    def __call__(self, *args: Any) -> Any:
+        return self.spec.launch(self.kernel, args)
+
+
+class TritonKernel:
+    """A generated Triton kernel (Inductor's ``CachingAutotuner``) in its wrapper module,
+    launched by ``run``; any other attribute is the kernel's own."""
+
+    def __init__(self, kernel: Any, spec: Kernel) -> None:
+        self.kernel = kernel
+        self.spec = spec
+
+    def run(self, *args: Any, **launch: Any) -> Any:
+        def run_kernel(*tensors: Any) -> Any:
+            return self.kernel.run(*tensors, **launch)  # stream and grid: not recorded
+
+        return self.spec.launch(run_kernel, args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kernel, name)

@@ -1,0 +1,245 @@
+"""torch.compile while recording, and code the dispatcher does not see.
+
+``tests/scenarios/compiled_model.py`` trains a tiny compiled model on the CPU (Inductor's C++
+backend); each recording changes one thing (see ``scenario_runs.SCRIPT_ARGS``). Recordings are
+shared with the rest of the session and made in parallel; the models are tiny because Inductor
+compiles each variant from scratch.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_cli
+from scenario_runs import COMPILED, Recordings, session_recordings
+from test_scenarios import diff, diverged, identical, line_of
+
+from opguard.recorder.compiled import kernel_sources
+from opguard.store import OpRecord, Run
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Recordings:
+    return session_recordings(tmp_path_factory)
+
+
+def ops_of(run: Path) -> list[OpRecord]:
+    with Run(run) as opened:
+        return list(opened.rank(0).ops())
+
+
+def printed(run: Path) -> list[str]:
+    """What the recorded script printed: its losses and the sum of its trained weights."""
+    return (run.parent / f"{run.name}.stdout").read_text().splitlines()
+
+
+# -- recording ------------------------------------------------------------------------------------
+
+
+def test_recording_a_compiled_model_keeps_its_numbers(runs: Recordings) -> None:
+    """Recording used to make Dynamo run compiled code eagerly (a user dispatch mode was
+    active), so a recorded run computed something else than the script alone. Now the recorded
+    losses are the unrecorded compiled ones, bit for bit, and differ from the eager ones."""
+    compiled, eager = runs("compiled", "eager")
+    alone = subprocess.run(
+        [sys.executable, str(COMPILED)], capture_output=True, text=True, timeout=300
+    )
+    assert alone.returncode == 0, alone.stderr
+    plain = alone.stdout.splitlines()
+    assert len(plain) == 3
+    assert printed(compiled) == plain
+    assert printed(eager) != plain
+
+
+def test_compiled_regions_and_their_kernels_are_recorded(runs: Recordings) -> None:
+    (compiled,) = runs("compiled")
+    ops = ops_of(compiled)
+    regions = [op for op in ops if op.op.startswith("compiled::")]
+    kernels = [op for op in ops if op.op.startswith("inductor::cpp_fused_")]
+    assert {op.op for op in regions} == {"compiled::forward", "compiled::backward"}
+    assert len(regions) == 4  # forward and backward, two steps
+    forward = regions[0]
+    assert forward.phase == "forward"
+    assert Path(forward.call_site.file).resolve() == COMPILED.resolve()
+    assert forward.call_site.function == "forward"
+    arguments = dict(forward.args)
+    assert len(arguments["graph"]) == 16
+    assert arguments["ops"].split(", ")[:3] == ["permute", "addmm", "var_mean"]
+    assert "relu" in arguments["ops"] and "opguard_tests::scale" in arguments["ops"]
+    assert {op.phase for op in regions[1::2]} == {"backward"}
+    # A kernel comes before its region, reads its inputs and writes its outputs.
+    first = kernels[0]
+    assert first.index < forward.index
+    assert first.phase == "forward"
+    assert any(t.slot.startswith("in_ptr") for t in first.inputs)
+    assert first.outputs and all(
+        t.slot.startswith(("out_ptr", "in_out_ptr")) for t in first.outputs
+    )
+    assert all(t.hash is not None for t in first.outputs)
+    assert "code" in dict(first.args)
+    # The region's outputs are the last kernel's results: consumers link to the region.
+    consumer = ops[forward.index + 1]
+    assert consumer.inputs[0].producer == (forward.index, 0)
+
+
+def test_eager_switch_turns_compilation_off(runs: Recordings) -> None:
+    compiled, eager = runs("compiled", "eager")
+    assert not any(op.op.startswith(("compiled::", "inductor::")) for op in ops_of(eager))
+    meta = {
+        name: json.loads((run / "meta.json").read_text())
+        for name, run in (("c", compiled), ("e", eager))
+    }
+    assert meta["c"]["torch_compile"] == "enabled"
+    assert meta["e"]["torch_compile"] == "disabled"
+    assert "--eager" in meta["e"]["command"]
+
+
+def test_kernel_sources_reads_inductor_wrapper_modules() -> None:
+    """Parameter roles of C++ kernels come from their signature in the wrapper's source."""
+    wrapper = '''
+cpp_fused_mul_0 = async_compile.cpp_pybinding(['const float*', 'float*', 'const int64_t'], r"""
+extern "C"  void  kernel(const float* in_ptr0,
+                       float* out_ptr0,
+                       const int64_t ks0)
+{}
+""")
+triton_poi_fused_1 = async_compile.triton('triton_poi_fused_1', """def k(in_out_ptr0): pass""")
+other = something(1, 2)
+'''
+    found = kernel_sources(wrapper)
+    assert found["cpp_fused_mul_0"][0] == ("in_ptr0", "out_ptr0", "ks0")
+    assert found["triton_poi_fused_1"] == ((), "def k(in_out_ptr0): pass")
+    assert "other" not in found
+
+
+# -- the diff -------------------------------------------------------------------------------------
+
+
+def test_same_compiled_code_twice_is_identical(runs: Recordings) -> None:
+    """Kernel names carry no hashes: two runs of the same code align kernel by kernel."""
+    a, b = runs("compiled", "compiled_rerun")
+    code, result = diff(a, b)
+    identical(code, result)
+    assert result["unaligned_a"] == result["unaligned_b"] == 0
+    assert result["torch_compile"] == {"a": "enabled", "b": "enabled"}
+
+
+def test_changed_activation_inside_the_compiled_region(runs: Recordings) -> None:
+    """ReLU → GELU inside the compiled region: the diff names the generated kernel that
+    changed, not the next op it sees."""
+    a, b = runs("compiled", "compiled_gelu")
+    first = diverged(*diff(a, b))
+    assert (first["kind"], first["cause"]) == ("structure", "replaced")
+    assert first["a"]["op"].startswith("inductor::cpp_fused_") and "relu" in first["a"]["op"]
+    assert first["b"]["op"].startswith("inductor::cpp_fused_") and "gelu" in first["b"]["op"]
+    assert first["a"]["phase"] == "forward"
+    assert first["known_difference"] is None
+    # The region around it is where the user called the model.
+    assert first["a"]["call_site"]["function"] == "forward"
+
+
+def test_custom_op_whose_implementation_changed_is_named(runs: Recordings) -> None:
+    """``opguard_tests::scale`` (a torch.library op, opaque to Inductor, called from inside the
+    compiled region) computes x * 0.1 in one run and x / 10 in the other."""
+    a, b = runs("compiled", "compiled_divide")
+    first = diverged(*diff(a, b))
+    assert (first["kind"], first["cause"]) == ("origin", "origin")
+    assert first["a"]["op"] == first["b"]["op"] == "opguard_tests::scale.default"
+    assert first["inputs_differ"] == [] and first["arguments_differ"] == []
+
+
+def test_compiled_against_eager_is_a_known_difference(runs: Recordings) -> None:
+    a, b = runs("compiled", "eager")
+    code, result = diff(a, b)
+    first = diverged(code, result)
+    assert result["torch_compile"] == {"a": "enabled", "b": "disabled"}
+    assert "run A ran this code compiled" in first["known_difference"]
+    assert first["a"]["op"].startswith("compiled::")
+    report = run_cli("diff", str(a), str(b))
+    assert report.returncode == 1
+    assert "known difference: expected" in report.stdout
+    assert "run B was recorded with torch.compile turned off (--eager)" in report.stdout
+
+
+# -- writes the dispatcher does not see ------------------------------------------------------------
+
+
+def test_unrecorded_write_is_placed_between_two_ops(runs: Recordings) -> None:
+    """A NumPy view writes into the model's input: with --verify-inputs the diff says the input
+    changed after it was written and between which two ops of run B."""
+    a, b = runs("eager_verified", "eager_numpy_verified")
+    first = diverged(*diff(a, b))
+    assert (first["kind"], first["cause"]) == ("propagated", "unrecorded-write")
+    (window,) = first["unrecorded_writes"]
+    ops = {op.index: op for op in ops_of(b)}
+    producer, after, before = (ops[window[k]] for k in ("producer", "after", "before"))
+    assert window["run"] == "B"
+    assert producer.op == "aten::mul.Tensor"
+    assert producer.call_site.line == line_of(COMPILED, "input")
+    assert after.op == "aten::detach.default"  # x.numpy() detaches, then NumPy writes
+    assert before.op == "aten::addmm.default" and before.index == first["b"]["index"]
+    assert f"between op {after.index} and op {before.index}" in first["summary"]
+
+
+def test_unverified_unrecorded_write_gets_a_hint(runs: Recordings) -> None:
+    """Without --verify-inputs the recorder trusts the producer's fingerprint, so the write
+    looks like an op that changed its outputs by itself: the diff says how to find out."""
+    a, b = runs("eager", "eager_numpy")
+    first: dict[str, Any] = diverged(*diff(a, b))
+    assert first["cause"] == "origin"
+    assert "--verify-inputs" in first["hint"]
+
+
+# -- on the GPU: Triton kernels ----------------------------------------------------------------------
+
+
+def _gpu() -> bool:
+    import torch
+
+    from opguard import _C
+
+    return torch.cuda.is_available() and bool(_C.cuda_status()[0])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU and OpGuard built with CUDA")
+def test_triton_kernels_recorded_with_their_gpu_launches(tmp_path: Path) -> None:
+    names = ("relu", "gelu")
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "opguard",
+                "record",
+                "-o",
+                str(tmp_path / name),
+                "--",
+                str(COMPILED),
+                "--device",
+                "cuda",
+                "--activation",
+                name,
+            ],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in names
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+    kernels = [op for op in ops_of(tmp_path / "relu") if op.op.startswith("inductor::triton_")]
+    assert kernels, "no Triton kernel recorded"
+    launched = [k for op in kernels for k in op.kernels if k.get("k") == "kernel"]
+    assert launched and any(k["n"].startswith("triton_") for k in launched)
+    first = diverged(*diff(tmp_path / "relu", tmp_path / "gelu"))
+    assert first["cause"] == "replaced"
+    assert "relu" in first["a"]["op"] and "gelu" in first["b"]["op"]
