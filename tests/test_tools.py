@@ -411,6 +411,17 @@ def test_usage_lines_parse(runs: dict[str, str]) -> None:
             assert parsed["target"][-3:] == ["x", "y", "z"]  # script, then its arguments
 
 
+def test_record_json_forwards_every_record_option() -> None:
+    """`record --json` records through the tool: an option of `opguard record` the tool lacks
+    would be dropped silently."""
+    from opguard.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    record = sub.choices["record"]
+    options = {a.dest for a in record._actions} - {"help", "json", "target", "run"}
+    assert options <= {p.name for p in BY_NAME["record"].params}
+
+
 def test_oversized_pages_are_cut_with_a_cursor() -> None:
     item = "x" * 1000
     pages = Pages(100, lambda offset, limit: {"items": [item] * limit, "offset": offset})

@@ -54,6 +54,26 @@ TOOLS: tuple[Tool, ...] = (
                 "--capture",
             ),
             Param(
+                "capture_limit",
+                "string",
+                "most bytes captured per rank (e.g. 256MiB)",
+                "--capture-limit",
+            ),
+            Param(
+                "eager",
+                "boolean",
+                "turn torch.compile off: compiled functions run op by op",
+                "--eager",
+                default=False,
+            ),
+            Param(
+                "verify_inputs",
+                "boolean",
+                "fingerprint every input again: shows writes no recorded op made",
+                "--verify-inputs",
+                default=False,
+            ),
+            Param(
                 "overwrite",
                 "boolean",
                 "replace an earlier run in RUN_DIR",

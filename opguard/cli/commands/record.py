@@ -76,16 +76,11 @@ def run(args: argparse.Namespace) -> int:
     if target_args and target_args[0] == "--":
         target_args = target_args[1:]
     if args.json:
-        given = {
-            "output": args.output,
-            "steps": args.steps,
-            "python": args.python,
-            "module": args.module,
-            "overwrite": args.overwrite,
-            "capture": args.capture,
-            "script": target_args[0] if target_args and not args.module else None,
-            "args": target_args if args.module else target_args[1:],
-        }
+        from ...tools import BY_NAME
+
+        given = {p.name: getattr(args, p.name) for p in BY_NAME["record"].params if not p.rest}
+        given["script"] = target_args[0] if target_args and not args.module else None
+        given["args"] = target_args if args.module else target_args[1:]
         answer_ = call_tool("record", given)
         print_json(answer_)
         return int(answer_["exit_code"])
