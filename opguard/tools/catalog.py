@@ -244,7 +244,8 @@ OpGuard tools: find where two recorded PyTorch runs stop computing the same thin
 Each tool is a command that prints one JSON object with --json (exit 2 and one line on stderr
 for bad input), and the MCP tool of the same name (`opguard mcp`, same arguments by name).
 Answers are compact and at most {MAX_CHARS} characters; paged answers take --offset/--limit and
-give "next" (null at the end). Op indices (#N) are per run and rank.
+give "next" (null at the end). Op indices (#N) are per run and rank. Relative paths are
+relative to the directory the command (or the MCP server) was started in.
 
 Start: record both runs (--steps 3 is usually enough), then diff. Its first_divergence names
 op indices a.index / b.index: look at them with op, the ops around them with ops, follow a

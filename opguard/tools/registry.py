@@ -187,11 +187,10 @@ class Tool:
     def argv(self, given: Mapping[str, Any], *, json: bool = True) -> list[str]:
         """The command line that asks the CLI the same question (``opguard`` excluded);
         without ``json``, the plain command. Values are not checked: the CLI checks them."""
-        arguments = given
         words = [self.command or self.name]
         rest: list[str] = []
         for p in self.all_params:
-            value = arguments.get(p.name)
+            value = given.get(p.name)
             if value is None or value is False:
                 continue
             values = [str(v) for v in value] if isinstance(value, list) else [str(value)]
