@@ -67,25 +67,36 @@ def main() -> None:
 
 
 def recorded(
-    step: Callable[[], float], steps: int, during: Callable[[], None]
+    step: Callable[[], float],
+    steps: int,
+    before: Callable[[], None],
+    after: Callable[[], None] = lambda: None,
 ) -> tuple[Any, float]:
-    """Records a warm-up step, then ``steps`` more with ``during`` called before them: (the
-    session, wall seconds per step)."""
+    """Records a warm-up step, then ``steps`` more between ``before()`` and ``after()`` (both
+    called while the session, and so its writer thread, is alive): (the session, wall seconds
+    per step)."""
     with tempfile.TemporaryDirectory() as workdir, opguard.record(Path(workdir) / "run") as run:
         step()
         torch.cuda.synchronize()
-        during()
+        before()
         t0 = time.perf_counter()
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-        return run, (time.perf_counter() - t0) / steps
+        wall = (time.perf_counter() - t0) / steps
+        after()
+        return run, wall
 
 
 def cpu_by_thread(step: Callable[[], float], steps: int) -> None:
     before: dict[int, tuple[str, float]] = {}
-    run, wall = recorded(step, steps, lambda: before.update(thread_cpu_seconds()))
-    after = thread_cpu_seconds()
+    after: dict[int, tuple[str, float]] = {}
+    run, wall = recorded(
+        step,
+        steps,
+        lambda: before.update(thread_cpu_seconds()),
+        lambda: after.update(thread_cpu_seconds()),
+    )
     names = {
         threading.main_thread().native_id: "training (main)",
         run.writer._thread.native_id: "opguard writer",

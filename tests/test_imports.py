@@ -66,7 +66,7 @@ def _explain(outcome: dict) -> str:
     return "\n\n".join(f"{name} imported from:\n{stack}" for name, stack in outcome["attempts"])
 
 
-FRONT_ENDS = ["textual", "litellm"]
+FRONT_ENDS = ["textual", "litellm", "mcp"]
 
 
 def test_recording_loads_no_front_end(tmp_path: Path) -> None:

@@ -23,6 +23,8 @@ from conftest import run_cli
 from rich.console import Console
 
 from opguard.analysis import diff_runs
+from opguard.analysis.rows import OpLine, Row, Side, Status
+from opguard.analysis.steps import StepIndex
 from opguard.store import (
     CallSite,
     OpRecord,
@@ -36,11 +38,9 @@ from opguard.store.meta import write_meta
 from opguard.tui.app import OpguardApp
 from opguard.tui.cursor import DebugCursor, Position, Query, RowFilter, Target
 from opguard.tui.detail import Selection, render
-from opguard.tui.rows import OpLine, Row, Side, Status
 from opguard.tui.screens.help import HelpScreen
 from opguard.tui.series import loss_series
 from opguard.tui.session import Session
-from opguard.tui.steps import StepIndex
 from opguard.tui.widgets.agent_panel import AgentPanel
 from opguard.tui.widgets.detail_pane import SETTLE_SECONDS
 from opguard.tui.widgets.prompt import Prompt

@@ -202,8 +202,8 @@ def test_nan_origin_is_found(recordings, write_script, record) -> None:
 def test_detail_pane_shows_the_captured_difference(gelu_captures) -> None:
     from test_tui import _text
 
+    from opguard.analysis.rows import RankRows
     from opguard.tui.detail import Selection, render
-    from opguard.tui.rows import RankRows
 
     a, b, _ = gelu_captures
     with Run(a) as run_a, Run(b) as run_b:

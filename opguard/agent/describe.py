@@ -10,6 +10,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
+from ..analysis.lookup import kept_rows
 from ..store import CallSite, OpRecord, TensorRecord
 
 VALUES_SHOWN = 4
@@ -51,7 +52,7 @@ def source_rows(
     site: CallSite, before: int = SOURCE_CONTEXT, after: int = SOURCE_CONTEXT
 ) -> list[tuple[int, str]]:
     """The recorded source lines around the call line."""
-    return [(n, text) for n, text in site.source if site.line - before <= n <= site.line + after]
+    return kept_rows(site, before, after)
 
 
 def source_lines(rows: list[tuple[int, str]], marked: int) -> list[str]:

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from ..store import CallSite, OpRecord, RankTrace, Run, TraceError
-from .describe import clip, kernel_lines, op_detail, op_line, source_lines, source_rows
+from ..analysis.lookup import QueryError, input_tensor, neighbours, source_around
+from ..store import OpRecord, RankTrace, Run, TraceError
+from .describe import clip, kernel_lines, op_detail, op_line, source_lines
 
 NEIGHBOURS_MAX = 8
 SOURCE_MAX = 20  # lines on each side of the call line
 RESULT_CHARS = 4_000
+KEPT_LINES_ONLY = (
+    "(only the lines kept in the trace: the file is not on this machine or has changed since)"
+)
 
 
 class ToolInputError(Exception):
@@ -102,7 +105,7 @@ class TraceTools:
         try:
             trace, op = self._op(arguments)
             text = "\n".join(handler(trace, op, arguments))
-        except (ToolInputError, TraceError) as exc:
+        except (ToolInputError, QueryError, TraceError) as exc:
             text = f"error: {exc}"
         return clip(text, RESULT_CHARS)
 
@@ -128,16 +131,12 @@ class TraceTools:
         after = min(_integer(arguments, "after", 3), NEIGHBOURS_MAX)
         return [
             ("> " if other.index == op.index else "  ") + op_line(other)
-            for other in trace.ops(max(op.index - before, 0), op.index + after + 1)
+            for other in neighbours(trace, op.index, before, after)
         ]
 
     def _producer(self, trace: RankTrace, op: OpRecord, arguments: Mapping[str, Any]) -> list[str]:
         slot = str(arguments.get("slot", ""))
-        tensor = next((t for t in op.inputs if t.slot == slot), None)
-        if tensor is None:
-            raise ToolInputError(
-                f"op #{op.index} has no input {slot!r}; inputs: {', '.join(t.slot for t in op.inputs) or 'none'}"
-            )
+        tensor = input_tensor(op, slot)
         if tensor.producer is None:
             return [
                 f"input {slot} of #{op.index} is a leaf: no recorded op produced it (data, a parameter, or made before recording)"
@@ -149,16 +148,11 @@ class TraceTools:
         site = op.call_site
         before = min(_integer(arguments, "before", 5), SOURCE_MAX)
         after = min(_integer(arguments, "after", 5), SOURCE_MAX)
-        rows = _file_rows(site, before, after)
-        note = []
-        if rows is None:
-            rows = source_rows(site, before, after)
-            note = [
-                "(only the lines kept in the trace: the file is not on this machine or has changed since)"
-            ]
+        view = source_around(site, before, after)
+        note = [] if view.from_file else [KEPT_LINES_ONLY]
         return [
             f"{site.file}:{site.line} in {site.function}",
-            *source_lines(rows, site.line),
+            *source_lines(view.rows, site.line),
             *note,
         ]
 
@@ -179,19 +173,3 @@ def _integer(arguments: Mapping[str, Any], name: str, default: int | None) -> in
     if number < 0:
         raise ToolInputError(f"{name} must not be negative")
     return number
-
-
-def _file_rows(site: CallSite, before: int, after: int) -> list[tuple[int, str]] | None:
-    """Lines around the call from the source file itself, if the file here still has the lines
-    the trace kept (so a file edited since, or another machine's path, is never quoted)."""
-    try:
-        lines = Path(site.file).read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    if (
-        any(n > len(lines) or lines[n - 1].rstrip() != text.rstrip() for n, text in site.source)
-        or not site.source
-    ):
-        return None
-    lo, hi = max(site.line - before, 1), min(site.line + after, len(lines))
-    return [(n, lines[n - 1]) for n in range(lo, hi + 1)]

@@ -60,7 +60,7 @@ class CallSites:
         if filename.startswith("<frozen") or filename.startswith("<__array_function__"):
             return False
         real = os.path.realpath(filename) if os.path.isabs(filename) else filename
-        if _generated_by_inductor(real):
+        if generated_by_inductor(real):
             return False
         return next((u for prefixes, u in self._rules if real.startswith(prefixes)), True)
 
@@ -85,7 +85,7 @@ class CallSites:
         return sites[-1], self._writer.intern_stack(sites)  # stored as a msgpack array
 
 
-def _generated_by_inductor(path: str) -> bool:
+def generated_by_inductor(path: str) -> bool:
     """Inductor's generated wrapper modules (compiled regions) live in its cache directory,
     outside torch, and are torch's code. Inductor sets ``TORCHINDUCTOR_CACHE_DIR`` the first
     time it uses its cache, before any generated code can run."""

@@ -24,6 +24,7 @@ A kernel's arguments are classified by Inductor's own naming of kernel parameter
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import importlib.abc
 import re
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..store import schema
+from .callsite import generated_by_inductor
 from .ops import OpInfo
 
 if TYPE_CHECKING:
@@ -166,7 +168,7 @@ def _run_region(mode: OpRecorder, func: Any, inputs: list[Any], *, name: str | N
     try:
         info = mode.info_for((func, kind), lambda: _region_info(mode, name, kind))
         arguments = _graph_arguments(func)
-        _instrument(func.compiled_callable)
+        _instrument(func)
     except Exception as exc:  # the region still runs, unrecorded
         mode.fail(exc)
         return func(inputs)
@@ -235,10 +237,38 @@ def _graph_arguments(func: Any) -> list[list[Any]]:
 # -- generated kernels ---------------------------------------------------------------------------
 
 
+def _wrapper_namespace(compiled: Any) -> dict[str, Any] | None:
+    """The globals of the generated wrapper module behind what Inductor hands the recorder.
+
+    Its shape differs between torch versions (an ``InductorCompiledCallable`` holding the
+    compiled graph, the graph's ``current_callable``, a closure over ``Runner.call``), so the
+    objects reachable through those attributes and closure cells are searched, breadth first,
+    for a function defined in a module Inductor generated."""
+    queue: list[Any] = [compiled]
+    seen: set[int] = set()
+    while queue and len(seen) < 32:
+        obj = queue.pop(0)
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        function = getattr(obj, "__func__", obj)
+        namespace = getattr(function, "__globals__", None)
+        if namespace is not None and generated_by_inductor(namespace.get("__file__") or ""):
+            return namespace
+        queue += [
+            getattr(obj, name)
+            for name in ("compiled_callable", "current_callable", "__wrapped__", "__func__")
+            if getattr(obj, name, None) is not None
+        ]
+        for cell in getattr(function, "__closure__", None) or ():
+            with contextlib.suppress(ValueError):  # an empty cell
+                queue.append(cell.cell_contents)
+    return None
+
+
 def _instrument(compiled: Any) -> None:
     """Wraps the kernels of the wrapper module behind ``compiled`` (``Runner.call``), once."""
-    function = getattr(compiled, "__func__", compiled)
-    namespace = getattr(function, "__globals__", None)
+    namespace = _wrapper_namespace(compiled)
     if namespace is None or namespace.get(_MARK):
         return
     namespace[_MARK] = True
@@ -248,7 +278,7 @@ def _instrument(compiled: Any) -> None:
     with open(path) as handle:
         sources = kernel_sources(handle.read())
     for name, (parameters, source) in sources.items():
-        kernel = namespace.get(name)
+        kernel: Any = namespace.get(name)
         code = [["code", _digest(source)]]
         if hasattr(kernel, "triton_meta") and hasattr(kernel, "run"):  # a CachingAutotuner
             parameters = tuple(kernel.triton_meta.get("signature", {}))

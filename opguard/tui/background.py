@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..analysis import diff_runs
+from ..analysis.rows import Side
 from ..store import Run
-from .rows import Side
 from .series import loss_series
 
 

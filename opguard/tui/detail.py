@@ -20,9 +20,9 @@ from rich.text import Text
 
 from ..analysis.divergence import differing_arguments, differing_tensors
 from ..analysis.elementwise import ElementwiseDiff, compare
+from ..analysis.rows import Row, Side
 from ..store import CallSite, OpRecord, RankTrace, TensorRecord, TraceError
 from ..store.records import STAT_NAMES
-from .rows import Row, Side
 
 VALUES_SHOWN = 4
 KERNELS_SHOWN = 8

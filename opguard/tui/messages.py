@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from textual.message import Message
 
 from ..analysis import RankDiff
+from ..analysis.rows import Side
 from .cursor import Position
-from .rows import Side
 
 
 class DiffReady(Message):

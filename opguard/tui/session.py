@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..analysis import RankDiff
+from ..analysis.rows import RankRows, Side
 from ..store import RankTrace, Run, TraceError
-from .rows import RankRows, Side
 
 # Below this share of aligned ops the runs are probably not two versions of one program.
 SAME_PROGRAM_ALIGNED = 0.5

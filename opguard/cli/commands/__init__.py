@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
-from . import capture, demo, diff, explain, nan, record, replay, show, tensor, tui
+from . import (
+    capture,
+    demo,
+    diff,
+    explain,
+    mcp,
+    nan,
+    queries,
+    record,
+    replay,
+    show,
+    tensor,
+    tools,
+    tui,
+)
 from .base import CommandError
 
-ALL = (record, show, diff, explain, demo, tui, capture, tensor, replay, nan)
+ALL = (record, show, diff, explain, demo, tui, capture, tensor, replay, nan, tools, queries, mcp)
 
 __all__ = ["ALL", "CommandError"]

@@ -7,7 +7,7 @@ import argparse
 from ...analysis import diff_runs
 from ...analysis.contract import to_json
 from ...store import Run
-from .base import print_json
+from .base import call_tool, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,10 +22,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rank", type=int, help="compare only this rank")
     p.add_argument("--step", type=int, help="compare only this step")
     p.add_argument("--json", action="store_true", help="print the opguard.diff/1 JSON object")
+    p.add_argument("--offset", type=int, metavar="N", help="with --json: steps from the Nth on")
+    p.add_argument("--limit", type=int, metavar="N", help="with --json: at most N steps a rank")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.json and (args.offset is not None or args.limit is not None):
+        # A page of the per-step lists, bounded in size: the diff tool's answer.
+        keys = ("run_a", "run_b", "rank", "step", "offset", "limit")
+        answer = call_tool("diff", {k: getattr(args, k) for k in keys})
+        print_json(answer)
+        return 1 if answer.get("verdict") == "diverged" else 0
     with Run(args.run_a) as run_a, Run(args.run_b) as run_b:
         result = diff_runs(run_a, run_b, rank=args.rank, step=args.step)
         if args.json:

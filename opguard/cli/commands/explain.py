@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...analysis import diff_runs
 from ...store import Run
-from .base import CommandError, print_json
+from .base import CommandError, print_json, tool_errors
 
 if TYPE_CHECKING:  # the agent (and LiteLLM behind it) is imported only when explain runs
     from ...agent import Agent, Event, Session
@@ -63,33 +63,72 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output-price", metavar="USD", help="USD per million output tokens")
     p.add_argument("-q", "--question", help="ask this instead of the default question")
     p.add_argument("--json", action="store_true", help="print one opguard.explain/1 object")
+    p.add_argument(
+        "--brief",
+        action="store_true",
+        help="with --json: leave out the evidence's JSON form (evidence_text has the same facts)",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    flags = {name: getattr(args, name) for name in SETTING_FLAGS}
+    report, code = _explain(
+        args.run_a, args.run_b, args.rank, args.step, flags, args.question, echo=not args.json
+    )
+    if args.json:
+        print_json(_brief(report) if args.brief else report)
+    return code
+
+
+def answer(args: dict[str, Any]) -> dict[str, Any]:
+    """The ``explain`` tool: what ``opguard explain … --json --brief`` prints."""
+    flags = {name: args.get(name) for name in SETTING_FLAGS}
+    with tool_errors():
+        report, _ = _explain(
+            args["run_a"], args["run_b"], args["rank"], args["step"], flags, args["question"]
+        )
+    return _brief(report)
+
+
+def _explain(
+    path_a: str,
+    path_b: str,
+    rank: int | None,
+    step: int | None,
+    flags: dict[str, Any],
+    question: str | None,
+    *,
+    echo: bool = False,
+) -> tuple[dict[str, Any], int]:
+    """The ``opguard.explain/1`` report and the exit status; ``echo`` prints the opening and
+    the conversation as they happen."""
     from ...agent import BudgetRefused, ConfigError, ProviderError, open_session, resolve_settings
 
-    flags = {name: getattr(args, name) for name in SETTING_FLAGS}
-    with Run(args.run_a) as run_a, Run(args.run_b) as run_b:
-        result = diff_runs(run_a, run_b, rank=args.rank, step=args.step)
+    with Run(path_a) as run_a, Run(path_b) as run_b:
+        result = diff_runs(run_a, run_b, rank=rank, step=step)
         try:
             session = open_session(result, run_a, run_b, resolve_settings(flags))
         except ConfigError as exc:
             raise CommandError(str(exc)) from None
         report = _report(session)
-        if not args.json:
+        if echo:
             _print_opening(session)
         if session.agent is not None:
-            transcript = _Transcript(echo=not args.json)
+            transcript = _Transcript(echo=echo)
             try:
-                for event in session.agent.ask(args.question):
+                for event in session.agent.ask(question):
                     transcript.add(event)
             except (BudgetRefused, ProviderError) as exc:
                 raise CommandError(str(exc)) from None
             report["agent"] = transcript.finish(session.agent)
-    if args.json:
-        print_json(report)
-    return 1 if result.first is not None else 0
+    return report, 1 if result.first is not None else 0
+
+
+def _brief(report: dict[str, Any]) -> dict[str, Any]:
+    """The report without the evidence's JSON form: ``evidence_text`` holds the same facts in
+    a third of the characters, written for a model to read."""
+    return {k: v for k, v in report.items() if k != "evidence"}
 
 
 def _report(session: Session) -> dict[str, Any]:

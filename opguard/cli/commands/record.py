@@ -9,10 +9,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from ...capture_spec import DEFAULT_LIMIT, CaptureSpec, SpecError, parse_size
 from ...store import TraceError
-from .base import CommandError
+from .base import CommandError, call_tool, child_command, print_json
+
+OUTPUT_TAIL = 20  # last lines of the script's stdout and stderr in the JSON answer
+LINE_CHARS = 300
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -59,6 +63,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="most bytes of tensors captured per rank (default 256MiB)",
     )
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="record in a child process, its output captured, and print one JSON object: "
+        "exit status, ops and steps per rank, the output's last lines",
+    )
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="-- SCRIPT.py [ARGS…]")
     p.set_defaults(run=run)
 
@@ -67,6 +77,15 @@ def run(args: argparse.Namespace) -> int:
     target_args = list(args.target)
     if target_args and target_args[0] == "--":
         target_args = target_args[1:]
+    if args.json:
+        from ...tools import BY_NAME
+
+        given = {p.name: getattr(args, p.name) for p in BY_NAME["record"].params if not p.rest}
+        given["script"] = target_args[0] if target_args and not args.module else None
+        given["args"] = target_args if args.module else target_args[1:]
+        answer_ = call_tool("record", given)
+        print_json(answer_)
+        return int(answer_["exit_code"])
     if args.steps is not None and args.steps < 1:
         raise CommandError("--steps must be at least 1")
     try:
@@ -179,3 +198,28 @@ def _module_found(name: str) -> bool:
         return False
     finally:
         sys.path.pop(0)
+
+
+def answer(args: dict[str, Any]) -> dict[str, Any]:
+    """The ``record`` tool: ``opguard record`` in a child process whose output is captured (so
+    it never mixes with the answer, and the caller never imports torch), then the run's ops
+    and steps per rank as ``opguard show`` counts them."""
+    from ...tools import BY_NAME, ToolError
+    from .show import answer as show
+
+    if not args["script"] and not args["module"]:
+        raise ToolError("record needs a script (or a module)")
+    child = child_command(BY_NAME["record"].argv(args, json=False))
+    summary = show({"run": args["output"], "rank": None})
+    return {
+        "run": str(Path(args["output"]).resolve()),
+        "exit_code": child.returncode,
+        "status": summary["run"].get("status"),
+        "ranks": summary["ranks"],
+        "stdout_tail": _tail(child.stdout),
+        "stderr_tail": _tail(child.stderr),
+    }
+
+
+def _tail(text: str) -> list[str]:
+    return [line[:LINE_CHARS] for line in text.splitlines()[-OUTPUT_TAIL:]]

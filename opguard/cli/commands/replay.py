@@ -5,10 +5,11 @@ otherwise, 2 error. Imports torch (it runs the op)."""
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from ...store import Run
-from .base import CommandError, print_json
+from .base import CommandError, child_command, print_json
 from .oppair import add_op_arguments, captured, op_in_b
 
 SCHEMA = "opguard.replay/1"
@@ -30,6 +31,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="replay only on this device (default: every GPU, else cpu)")
     p.add_argument("--json", action="store_true", help=f"print one {SCHEMA} object")
     p.set_defaults(run=run)
+
+
+def answer(args: dict[str, Any]) -> dict[str, Any]:
+    """The ``replay`` tool: ``opguard replay … --json`` in a child process (it imports torch and
+    runs the op; the caller, such as the MCP server, does neither)."""
+    from ...tools import BY_NAME, ToolError
+
+    child = child_command(BY_NAME["replay"].argv(args))
+    try:
+        return dict(json.loads(child.stdout))
+    except ValueError:
+        last = (child.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ToolError(f"replay failed (exit status {child.returncode}): {last}") from None
 
 
 def _devices(requested: str | None) -> list[str]:

@@ -83,14 +83,25 @@ def run(args: argparse.Namespace) -> int:
                 for rank, listing in ops.items():
                     print_op_table(listing, title=f"{args.run_dir} rank {rank}")
             return 0
-        summaries = [rank_summary(t) for t in traces]
+        summary = _summary(run_, traces)
         if args.json:
-            print_json({"run": _meta_summary(run_.meta), "ranks": summaries})
+            print_json(summary)
         else:
             from ..render import print_run_summary
 
-            print_run_summary(args.run_dir, _meta_summary(run_.meta), summaries)
+            print_run_summary(args.run_dir, summary["run"], summary["ranks"])
     return 0
+
+
+def answer(args: dict[str, Any]) -> dict[str, Any]:
+    """The ``show`` tool: what ``opguard show RUN_DIR --json`` prints."""
+    with Run(args["run"]) as run_:
+        ranks = [args["rank"]] if args["rank"] is not None else run_.ranks
+        return _summary(run_, [run_.rank(r) for r in ranks])
+
+
+def _summary(run_: Run, traces: list[RankTrace]) -> dict[str, Any]:
+    return {"run": _meta_summary(run_.meta), "ranks": [rank_summary(t) for t in traces]}
 
 
 def _meta_summary(meta: dict[str, Any]) -> dict[str, Any]:

@@ -21,12 +21,12 @@ from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
 from ...analysis import RankDiff
+from ...analysis.rows import RankRows, Side
 from ...store import TraceError
 from ..background import Comparison
 from ..cursor import DebugCursor, Position, Query, Target
 from ..detail import Selection, render
 from ..messages import DiffReady, Found, LossReady, WorkFailed
-from ..rows import RankRows, Side
 from ..session import Session, diff_notices
 from ..widgets.agent_panel import AgentPanel, AgentSelection
 from ..widgets.detail_pane import DetailPane

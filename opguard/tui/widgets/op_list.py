@@ -18,8 +18,8 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from ...analysis.rows import RankRows, Row, Status
 from ..cursor import DebugCursor, Position, RowFilter
-from ..rows import RankRows, Row, Status
 
 STATUS_WIDTH = 8
 OP_WIDTH = 26

@@ -15,7 +15,7 @@ from textual.containers import Vertical
 from textual.widget import Widget
 
 from ...analysis import RankDiff
-from ..rows import Side
+from ...analysis.rows import Side
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 LABEL_WIDTH = 11

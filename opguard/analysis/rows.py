@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from ..analysis import RankDiff, StepSummary
-from ..analysis.align import AlignReader, align, merge
-from ..analysis.keys import KeyTable, LightOp
 from ..store import CallSite, RankTrace
 from ..store.records import UNKNOWN_SITE
+from .align import AlignReader, align, merge
+from .diff import RankDiff, StepSummary
+from .keys import KeyTable, LightOp
 from .steps import StepIndex
 
 STEP_CACHE = 16
@@ -138,6 +138,23 @@ class RankRows:
             elif j is not None:
                 rows.append(Row(None, line_b[j], Status.ONLY_B))
         return rows
+
+    def row_of(self, side: Side, index: int) -> Row | None:
+        """The row holding op ``index`` of run ``side`` (None: the run has no such op)."""
+        step = self.step_of(side, index)
+        if step is None:
+            return None
+        for row in self.rows(step):
+            op = row.side(side)
+            if op is not None and op.index == index:
+                return row
+        return None
+
+    def partner(self, side: Side, index: int) -> int | None:
+        """The index of the op aligned with op ``index`` of run ``side`` in the other run."""
+        row = self.row_of(side, index)
+        other = row.side(Side.B if side is Side.A else Side.A) if row is not None else None
+        return other.index if other is not None else None
 
     def step_of(self, side: Side, index: int) -> int | None:
         span = self.index[side.value].of(index)
