@@ -327,6 +327,11 @@ def _path_commands(g: Path, other: Path, p: Path, expect: str) -> Iterator[list[
     yield ["nan", str(p), "--json"]
     yield ["tensor", str(g), str(p), "--op", "3", "--json"]
     yield ["replay", str(p), "--op", "3", "--against", str(g)]
+    yield ["ops", str(g), str(p), "3", "--json"]
+    yield ["op", str(p), str(g), "3"]
+    yield ["producers", str(g), str(p), "3", "--json"]
+    yield ["source", str(p), "3", "--json"]
+    yield ["kernels", str(p), "3"]
     if expect == ERROR:  # a readable pair would start the terminal UI, or record again
         yield ["tui", str(g), str(p)]
         yield ["tui", str(p), str(g)]
@@ -384,6 +389,16 @@ def _argument_cases(t: dict[str, Path], d: Path) -> dict[str, list[str]]:
         "replay-uncaptured-op": ["replay", g, "--op", "3"],
         "replay-op-b-alone": ["replay", g, "--op", "3", "--op-b", "3"],
         "capture-one-run": ["capture", g],
+        "ops-no-index": ["ops", g, g2],
+        "ops-bad-index": ["ops", g, g2, "x", "--json"],
+        "op-absent-index": ["op", g, g2, "99999", "--json"],
+        "op-bad-side": ["op", g, g2, "3", "--side", "c"],
+        "producers-absent-index": ["producers", g, g2, "99999"],
+        "source-absent-index": ["source", g, "99999", "--json"],
+        "source-two-runs": ["source", g, g2, "3"],
+        "kernels-bad-index": ["kernels", g, "x"],
+        "tools-unknown-option": ["tools", "--frobnicate"],
+        "mcp-extra-argument": ["mcp", g],
         "capture-negative-window": ["capture", g, lr, "--window", "-1"],
         "capture-bad-window": ["capture", g, lr, "--window", "x"],
     }
