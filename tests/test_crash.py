@@ -1,5 +1,6 @@
 """Traces survive the death of the training: SIGKILL, SIGTERM and an exception in the script at
-random moments, a full disk, and readers of a run that is still being recorded.
+random moments, a full disk, and readers (diff, show, the TUI's model) of a run that is still
+being recorded.
 
 Every case records ``tests/scripts/crash_train.py`` with ``opguard record`` in a subprocess, as
 a user would, several at a time. Each trace must open, say that it is partial and where it ends,
@@ -31,8 +32,10 @@ import pytest
 
 from opguard.analysis import diff_runs
 from opguard.analysis.contract import to_json
+from opguard.analysis.rows import Side, Status
 from opguard.cli import main
 from opguard.store import Run
+from opguard.tui.session import Session
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "crash_train.py"
 STEPS = 60
@@ -355,6 +358,14 @@ def test_diff_and_show_of_a_live_recording_read_a_consistent_prefix(
         assert any("did not finish" in note for note in paused["notes"])
         summary = show(live)
         assert summary["partial"] and not summary["finished"]
+        session = Session.open(complete_dir, live)  # what `opguard tui` opens
+        try:
+            assert session.state(Side.B, 0).describe().startswith("unfinished")
+            for step in range(PAUSE):
+                rows = session.rows(0).rows(step)
+                assert rows and all(row.status is Status.EQUAL for row in rows), step
+        finally:
+            session.close()
 
         resume.touch()  # and read while it writes
         readings = []
