@@ -9,7 +9,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..capture_spec import DEFAULT_LIMIT, CaptureSpec
+from ..record_options import RecordOptions
 from .session import TERMINATED, RecordingSession, StepLimitReached
 from .termination import Terminated
 
@@ -36,30 +36,11 @@ def exit_code_of(exc: SystemExit) -> int:
     return 1
 
 
-def run_recorded(
-    target: Target,
-    run_dir: Path,
-    *,
-    steps: int | None,
-    overwrite: bool,
-    command: list[str],
-    eager: bool = False,
-    verify_inputs: bool = False,
-    capture: CaptureSpec | None = None,
-    capture_limit: int = DEFAULT_LIMIT,
-) -> int:
-    """Runs ``target`` to its end (or to step ``steps``) while recording (with ``eager``:
-    ``torch.compile`` turned off); returns the exit status the script itself would have had."""
+def run_recorded(target: Target, run_dir: Path, options: RecordOptions, command: list[str]) -> int:
+    """Runs ``target`` to its end (or to step ``options.steps``) while recording; returns the
+    exit status the script itself would have had. ``command``: as typed, recorded in the run."""
     session = RecordingSession(
-        run_dir,
-        steps=steps,
-        exit_after_steps=True,
-        overwrite=overwrite,
-        command=command,
-        eager=eager,
-        verify_inputs=verify_inputs,
-        capture=capture,
-        capture_limit=capture_limit,
+        run_dir, exit_after_steps=True, command=command, **options.session_arguments()
     )
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [target.path, *target.args]

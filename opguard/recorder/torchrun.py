@@ -13,11 +13,11 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..capture_spec import DEFAULT_LIMIT, CaptureSpec
+from ..record_options import RecordOptions
 from ..store import Run, TraceError
 from ..store.meta import read_meta, write_meta
 from .ranks import PREPARED_ENV
@@ -73,40 +73,17 @@ def parse_job(argv: list[str]) -> TorchrunJob:
 
 
 def run_torchrun(
-    job: TorchrunJob,
-    run_dir: Path,
-    *,
-    steps: int | None,
-    overwrite: bool,
-    command: list[str],
-    eager: bool = False,
-    verify_inputs: bool = False,
-    capture: CaptureSpec | None = None,
-    capture_limit: int = DEFAULT_LIMIT,
+    job: TorchrunJob, run_dir: Path, options: RecordOptions, command: list[str]
 ) -> int:
     """Runs the job with every worker recording; returns torchrun's exit status."""
-    prepare_run_dir(run_dir, overwrite)
+    prepare_run_dir(run_dir, options.overwrite)
+    prepared = replace(options, overwrite=False)  # from here on, nothing may replace the directory
     meta = RecordingSession(
-        run_dir,
-        steps=steps,
-        command=command,
-        rank=0,
-        eager=eager,
-        verify_inputs=verify_inputs,
-        capture=capture,
-        capture_limit=capture_limit,
+        run_dir, command=command, rank=0, **prepared.session_arguments()
     )._initial_meta()
     meta.update(world_size=job.world_size, launcher="torchrun")
     write_meta(run_dir, meta)
-    worker = ["-m", "opguard.recorder.launch", "-o", str(run_dir)]
-    if steps is not None:
-        worker += ["--steps", str(steps)]
-    if eager:
-        worker.append("--eager")
-    if verify_inputs:
-        worker.append("--verify-inputs")
-    if capture is not None:
-        worker += ["--capture", capture.text, "--capture-limit", str(capture_limit)]
+    worker = ["-m", "opguard.recorder.launch", "-o", str(run_dir), *prepared.switches()]
     worker += ["-m", job.script] if job.is_module else ["--", job.script]
     argv = [sys.executable, "-m", TORCHRUN_MODULE, *job.options, *worker, *job.script_args]
     code = subprocess.run(argv, env={**os.environ, PREPARED_ENV: "1"}).returncode

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ...capture_spec import DEFAULT_LIMIT, CaptureSpec, SpecError, parse_size
+from ...record_options import RecordOptions
 from ...store import TraceError
 from .base import CommandError, call_tool, child_command, print_json
 
@@ -88,44 +89,22 @@ def run(args: argparse.Namespace) -> int:
         return int(answer_["exit_code"])
     if args.steps is not None and args.steps < 1:
         raise CommandError("--steps must be at least 1")
-    try:
-        capture = CaptureSpec.parse(args.capture) if args.capture is not None else None
-        capture_limit = parse_size(args.capture_limit)
-    except SpecError as exc:
-        raise CommandError(str(exc)) from None
+    options = _options(args)
     if args.python:
-        return _run_elsewhere(args, target_args)
+        return _run_elsewhere(args, options, target_args)
 
     from ...recorder.launch import Target, run_recorded
     from ...recorder.torchrun import parse_job, run_torchrun, torchrun_argv
 
+    recorded_as = ["opguard", "record", "-o", args.output, *options.mode_switches()]
     launcher = torchrun_argv(target_args, args.module)
     if launcher is not None:
-        command = [
-            "opguard",
-            "record",
-            "-o",
-            args.output,
-            *_switches(args),
-            "--",
-            "torchrun",
-            *launcher,
-        ]
         try:
             job = parse_job(launcher)
         except TraceError as exc:
             raise CommandError(str(exc)) from None
-        return run_torchrun(
-            job,
-            Path(args.output),
-            steps=args.steps,
-            overwrite=args.overwrite,
-            command=command,
-            eager=args.eager,
-            verify_inputs=args.verify_inputs,
-            capture=capture,
-            capture_limit=capture_limit,
-        )
+        command = [*recorded_as, "--", "torchrun", *launcher]
+        return run_torchrun(job, Path(args.output), options, command)
     if args.module:
         if not _module_found(args.module):
             raise CommandError(f"{args.module}: no such module")
@@ -139,13 +118,18 @@ def run(args: argparse.Namespace) -> int:
         target = Target(script, target_args[1:])
     # As typed, so that it replays: `-m MODULE ARGS…` or `-- SCRIPT ARGS…`.
     where = target.describe() if target.is_module else ["--", *target.describe()]
-    command = ["opguard", "record", "-o", args.output, *_switches(args), *where]
-    return run_recorded(
-        target,
-        Path(args.output),
+    return run_recorded(target, Path(args.output), options, [*recorded_as, *where])
+
+
+def _options(args: argparse.Namespace) -> RecordOptions:
+    try:
+        capture = CaptureSpec.parse(args.capture) if args.capture is not None else None
+        capture_limit = parse_size(args.capture_limit)
+    except SpecError as exc:
+        raise CommandError(str(exc)) from None
+    return RecordOptions(
         steps=args.steps,
         overwrite=args.overwrite,
-        command=command,
         eager=args.eager,
         verify_inputs=args.verify_inputs,
         capture=capture,
@@ -153,16 +137,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
 
-def _switches(args: argparse.Namespace) -> list[str]:
-    """The recording switches as typed, for the replayable command and other interpreters."""
-    return [
-        flag
-        for flag, on in (("--eager", args.eager), ("--verify-inputs", args.verify_inputs))
-        if on
-    ]
-
-
-def _run_elsewhere(args: argparse.Namespace, target_args: list[str]) -> int:
+def _run_elsewhere(args: argparse.Namespace, options: RecordOptions, target_args: list[str]) -> int:
     python = shutil.which(args.python) or args.python
     if not os.path.isfile(python):
         raise CommandError(f"{args.python}: no such interpreter")
@@ -172,14 +147,7 @@ def _run_elsewhere(args: argparse.Namespace, target_args: list[str]) -> int:
             f"{args.python}: OpGuard is not installed for this interpreter "
             f"(run: {args.python} -m pip install opguard)"
         )
-    forwarded = ["-o", args.output]
-    if args.steps is not None:
-        forwarded += ["--steps", str(args.steps)]
-    if args.overwrite:
-        forwarded.append("--overwrite")
-    forwarded += _switches(args)
-    if args.capture is not None:
-        forwarded += ["--capture", args.capture, "--capture-limit", args.capture_limit]
+    forwarded = ["-o", args.output, *options.switches()]
     if args.module:
         forwarded += ["-m", args.module]
     forwarded += ["--", *target_args]
