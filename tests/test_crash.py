@@ -13,7 +13,6 @@ of kills (default 21; ``OPGUARD_TEST_KILLS=200 pytest tests/test_crash.py`` for 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import random
@@ -29,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import cli_in_process as cli
 
 from opguard.analysis import diff_runs
 from opguard.analysis.contract import to_json
 from opguard.analysis.rows import Side, Status
-from opguard.cli import main
 from opguard.store import Run
 from opguard.tui.session import Session
 
@@ -66,18 +65,6 @@ def record_command(run_dir: Path, *script_args: str) -> list[str]:
 
 def losses(stdout: str) -> list[str]:
     return [line.split()[2] for line in stdout.splitlines() if line.startswith("loss ")]
-
-
-def cli(*args: str) -> tuple[int, str, str]:
-    """``opguard ARGS`` in this process: exit status, stdout, stderr."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exit_:
-            code = int(exit_.code or 0)
-    return code, out.getvalue(), err.getvalue()
 
 
 def show(run_dir: Path) -> dict[str, Any]:

@@ -62,6 +62,25 @@ def run_guarded(forbidden: list[str], body: str, cwd: Path) -> dict:
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
+def cli_without(forbidden: list[str], commands: list[list[str]], cwd: Path) -> dict:
+    """Runs ``opguard`` commands in one fresh interpreter that refuses to import ``forbidden``;
+    the outcome's ``codes`` are their exit statuses."""
+    return run_guarded(
+        forbidden,
+        f"""
+        from opguard.cli import main
+        codes = []
+        for argv in {commands!r}:
+            try:
+                main(argv)
+            except SystemExit as exc:
+                codes.append(exc.code)
+        report(codes=codes)
+        """,
+        cwd,
+    )
+
+
 def _explain(outcome: dict) -> str:
     return "\n\n".join(f"{name} imported from:\n{stack}" for name, stack in outcome["attempts"])
 
@@ -150,20 +169,8 @@ def test_reading_a_trace_does_not_import_torch(small_run: Path, tmp_path: Path) 
 )
 def test_cli_show_does_not_import_torch(args: list[str], small_run: Path, tmp_path: Path) -> None:
     argv = [a.format(run=small_run, missing=tmp_path / "missing") for a in args]
-    outcome = run_guarded(
-        ["torch"],
-        f"""
-        import opguard.cli
-        from opguard.cli import main
-        try:
-            main({argv!r})
-        except SystemExit as exc:
-            code = exc.code
-        report(code=code)
-    """,
-        tmp_path,
-    )
-    assert outcome["code"] == (2 if "{missing}" in args else 0)
+    outcome = cli_without(["torch"], [argv], tmp_path)
+    assert outcome["codes"] == [2 if "{missing}" in args else 0]
     assert outcome["attempts"] == [], _explain(outcome)
     assert outcome["loaded"] == []
 

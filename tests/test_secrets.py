@@ -7,8 +7,6 @@ Authorization header carries the key). The recorded environment holds the allow-
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
@@ -17,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import cli_in_process as cli
 from llm_stub import Answer, stub_provider
 
-from opguard.cli import main
 from opguard.store import Run
 from opguard.store.meta import ENV_ALLOW_LIST
 
@@ -96,17 +94,6 @@ def agent_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     config.write_text(f'[agent]\napi_key = "{FILE_KEY}"\ninput_price = 1\noutput_price = 2\n')
     config.chmod(0o600)
     return config
-
-
-def cli(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exit_:
-            code = int(exit_.code or 0)
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_recorded_environment_is_the_allow_list(recorded: tuple[Path, Path, list[str]]) -> None:

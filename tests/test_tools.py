@@ -23,7 +23,7 @@ import pytest
 from conftest import REPO, run_cli
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.types import CallToolResult, TextContent
-from test_imports import run_guarded
+from test_imports import cli_without
 
 from opguard.store import schema
 from opguard.tools import BY_NAME, MAX_CHARS, TOOLS, Pages
@@ -362,18 +362,9 @@ def test_cli_argument_errors(runs: dict[str, str]) -> None:
 def test_tools_load_neither_torch_nor_a_front_end(runs: dict[str, str], tmp_path: Path) -> None:
     """Listing the tools and answering one from the CLI read traces only: no torch, no MCP SDK
     (imported by `opguard mcp` alone), no Textual or LiteLLM."""
-    outcome = run_guarded(
+    outcome = cli_without(
         ["torch", "mcp", "textual", "litellm"],
-        f"""
-        from opguard.cli import main
-        codes = []
-        for argv in (["tools"], ["op", {runs["A"]!r}, {runs["B"]!r}, "175", "--json"]):
-            try:
-                main(argv)
-            except SystemExit as exc:
-                codes.append(exc.code)
-        report(codes=codes)
-    """,
+        [["tools"], ["op", runs["A"], runs["B"], "175", "--json"]],
         tmp_path,
     )
     assert outcome["codes"] == [0, 0]
