@@ -32,14 +32,18 @@ def mode_note(meta_a: dict[str, Any], meta_b: dict[str, Any]) -> str | None:
     """One line for the report when the runs were recorded differently, else None."""
     if not recorded_differently(meta_a, meta_b):
         return None
-    modes = compile_modes(meta_a, meta_b)
-    eager = "A" if modes["a"] == "disabled" else "B"
-    other = "B" if eager == "A" else "A"
+    compiled, eager = _compiled_and_eager(meta_a, meta_b)
     return (
-        f"run {eager} was recorded with torch.compile turned off (--eager), run {other} with "
+        f"run {eager} was recorded with torch.compile turned off (--eager), run {compiled} with "
         "it on: code compiled in one run is recorded as generated kernels there and as "
         "ATen ops in the other"
     )
+
+
+def _compiled_and_eager(meta_a: dict[str, Any], meta_b: dict[str, Any]) -> tuple[str, str]:
+    """("A", "B") when run A was the compiled one of two runs recorded differently, else
+    ("B", "A")."""
+    return ("B", "A") if compile_modes(meta_a, meta_b)["a"] == "disabled" else ("A", "B")
 
 
 def is_compiled(op: OpRecord | None) -> bool:
@@ -61,9 +65,7 @@ def known_difference(div: Divergence, meta_a: dict[str, Any], meta_b: dict[str, 
     ]
     if not any(is_compiled(op) for op in involved):
         return ""
-    modes = compile_modes(meta_a, meta_b)
-    compiled = "A" if modes["a"] == "enabled" else "B"
-    eager = "B" if compiled == "A" else "A"
+    compiled, eager = _compiled_and_eager(meta_a, meta_b)
     return (
         f"expected: run {compiled} ran this code compiled by torch.compile and run {eager} "
         "ran it eagerly (--eager); Inductor's fused kernels round differently from the ATen "
