@@ -15,24 +15,29 @@ from . import schema
 from .errors import TraceError
 
 # Environment variables worth keeping with a run: they change numerics or placement. Nothing
-# else is recorded, so secrets in the environment never reach a trace.
-ENV_ALLOW_LIST = (
+# else is recorded, so secrets in the environment never reach a trace. Those that change the
+# numbers are set again when a run is recorded anew (``opguard capture``); the job's own launch
+# and allocator variables are not, since the new recording starts its own job.
+NUMERICS_ENV = (
     "CUDA_VISIBLE_DEVICES",
     "CUBLAS_WORKSPACE_CONFIG",
     "NVIDIA_TF32_OVERRIDE",
     "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
-    "PYTORCH_CUDA_ALLOC_CONF",
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
     "PYTHONHASHSEED",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+)
+JOB_ENV = (
+    "PYTORCH_CUDA_ALLOC_CONF",
     "WORLD_SIZE",
     "RANK",
     "LOCAL_RANK",
     "MASTER_ADDR",
     "MASTER_PORT",
-    "NCCL_ALGO",
-    "NCCL_PROTO",
 )
+ENV_ALLOW_LIST = NUMERICS_ENV + JOB_ENV
 
 
 def _strings(value: Any) -> bool:

@@ -21,21 +21,8 @@ from typing import Any
 from ...analysis import diff_runs
 from ...capture_spec import DEFAULT_LIMIT, CaptureSpec
 from ...store import OpRecord, Run
+from ...store.meta import NUMERICS_ENV
 from .base import CommandError
-
-# Kept from the recorded environment: they change numerics. Launch variables (RANK, ports) are
-# not: the re-recording starts its own job.
-REPLAYED_ENV = (
-    "CUDA_VISIBLE_DEVICES",
-    "CUBLAS_WORKSPACE_CONFIG",
-    "NVIDIA_TF32_OVERRIDE",
-    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "PYTHONHASHSEED",
-    "NCCL_ALGO",
-    "NCCL_PROTO",
-)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -103,7 +90,7 @@ def _record(
         command.append("--overwrite")
     command += target
     recorded_env = meta.get("env") or {}
-    env = {**os.environ, **{k: v for k, v in recorded_env.items() if k in REPLAYED_ENV}}
+    env = {**os.environ, **{k: v for k, v in recorded_env.items() if k in NUMERICS_ENV}}
     cwd = meta.get("cwd") or os.getcwd()
     print(f"opguard capture: recording {output} (ops {spec.text}) in {cwd}", file=sys.stderr)
     code = subprocess.run(command, cwd=cwd, env=env).returncode
