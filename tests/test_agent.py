@@ -524,6 +524,19 @@ def chat_for(tiny: dict[str, Path], complete: Scripted | None, **settings: Any) 
     return AgentChat.for_runs(ra, rb, settings=chosen, complete=complete)
 
 
+async def submit(app: App, pilot: Any, question: str) -> Input:
+    """Types ``question`` into the panel's box, submits it and waits for the panel to settle."""
+    box = app.query_one("#agent-question", Input)
+    box.value = question
+    await box.action_submit()
+    await settle(app, pilot)
+    return box
+
+
+def shown_error(app: App) -> str:
+    return str(app.query_one("#agent-error", Static).render())
+
+
 async def test_panel_streams_the_answer_about_the_selected_op(
     tiny: dict[str, Path], divergent_op: int
 ) -> None:
@@ -534,11 +547,9 @@ async def test_panel_streams_the_answer_about_the_selected_op(
         app.query_one(Holder).selection = SimpleNamespace(
             rank=0, op_a=divergent_op, op_b=divergent_op
         )
-        box = app.query_one("#agent-question", Input)
-        assert box.placeholder == f"Ask about op #{divergent_op} of run A"
-        box.value = "Why does this op differ?"
-        await box.action_submit()
-        await settle(app, pilot)
+        placeholder = app.query_one("#agent-question", Input).placeholder
+        assert placeholder == f"Ask about op #{divergent_op} of run A"
+        box = await submit(app, pilot, "Why does this op differ?")
         answer = app.query_one("#agent-answer", Markdown).source
         meter = str(app.query_one("#agent-meter", Static).render())
     assert "The learning rate doubled." in answer and "**Why does this op differ?**" in answer
@@ -553,12 +564,8 @@ async def test_panel_shows_a_refusal_and_keeps_the_question(tiny: dict[str, Path
     app = ChatApp(chat_for(tiny, complete, budget=1e-6))
     async with app.run_test() as pilot:
         await settle(app, pilot)
-        box = app.query_one("#agent-question", Input)
-        box.value = "What changed?"
-        await box.action_submit()
-        await settle(app, pilot)
-        error = str(app.query_one("#agent-error", Static).render())
-        assert "call refused, not sent" in error and box.value == "What changed?"
+        box = await submit(app, pilot, "What changed?")
+        assert "call refused, not sent" in shown_error(app) and box.value == "What changed?"
     assert complete.requests == []
 
 
@@ -567,12 +574,9 @@ async def test_panel_shows_a_provider_error(tiny: dict[str, Path]) -> None:
     app = ChatApp(chat_for(tiny, complete))
     async with app.run_test() as pilot:
         await settle(app, pilot)
-        box = app.query_one("#agent-question", Input)
-        box.value = "What changed?"
-        await box.action_submit()
-        await settle(app, pilot)
-        error = str(app.query_one("#agent-error", Static).render())
-        assert "RateLimitError: slow down [redacted]" in error  # shown as text, not markup
+        box = await submit(app, pilot, "What changed?")
+        # shown as text, not markup
+        assert "RateLimitError: slow down [redacted]" in shown_error(app)
         assert box.value == "What changed?"
         await box.action_submit()  # asked again: the conversation was left clean
         await settle(app, pilot)
