@@ -116,7 +116,7 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _record(script: str, run_dir: Path, *script_args: str) -> str:
+def _record(script: str, run_dir: Path, *script_args: str, capture: str | None = None) -> str:
     result = _run(
         "-m",
         "opguard",
@@ -124,6 +124,7 @@ def _record(script: str, run_dir: Path, *script_args: str) -> str:
         "-o",
         str(run_dir),
         "--overwrite",
+        *(["--capture", capture] if capture else []),
         "--",
         str(SCENARIOS / script),
         *script_args,
@@ -131,6 +132,14 @@ def _record(script: str, run_dir: Path, *script_args: str) -> str:
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+def _ops(run_dir: Path, span: str) -> list[dict]:
+    """``opguard show RUN --ops SPAN --json``: rank 0's ops."""
+    result = _run(
+        "-m", "opguard", "show", str(run_dir), "--ops", span, "--json", cwd=run_dir.parent
+    )
+    return json.loads(result.stdout)["ranks"]["0"]
 
 
 def _diff(a: Path, b: Path) -> dict:
@@ -176,11 +185,11 @@ def test_tf32_setting_is_an_origin(tmp_path: Path) -> None:
 
 def test_kernels_are_recorded_per_op(tmp_path: Path) -> None:
     _record("matmul_tf32.py", tmp_path / "a", "off")
-    result = _run(
-        "-m", "opguard", "show", str(tmp_path / "a"), "--ops", "0:50", "--json", cwd=tmp_path
-    )
-    ops = json.loads(result.stdout)["ranks"]["0"]
-    mm = [op for op in ops if op["op"] in ("aten::mm.default", "aten::addmm.default")]
+    mm = [
+        op
+        for op in _ops(tmp_path / "a", "0:50")
+        if op["op"] in ("aten::mm.default", "aten::addmm.default")
+    ]
     assert mm and mm[0]["kernels"], "the matmul's kernels were not recorded"
     kernel = mm[0]["kernels"][0]
     assert kernel["k"] == "kernel" and kernel["n"] and kernel["t1"] >= kernel["t0"]
@@ -234,19 +243,9 @@ def test_nondeterministic_kernel_replays_as_nondeterministic(tmp_path: Path) -> 
     """A captured float32 index_add_ with many duplicate indices (atomics) gives different bits
     from replay to replay on every GPU, and the same bits on the CPU."""
     captured = tmp_path / "captured"
-    result = _run(
-        "-m", "opguard", "record", "-o", str(captured), "--capture", "aten::index_add_",
-        "--", str(SCENARIOS / "index_add.py"), cwd=tmp_path,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+    _record("index_add.py", captured, capture="aten::index_add_")
     index = next(
-        op["index"]
-        for op in json.loads(
-            _run(
-                "-m", "opguard", "show", str(captured), "--ops", "0:50", "--json", cwd=tmp_path
-            ).stdout
-        )["ranks"]["0"]
-        if op["op"].startswith("aten::index_add_")
+        op["index"] for op in _ops(captured, "0:50") if op["op"].startswith("aten::index_add_")
     )
     replay = _run(
         "-m", "opguard", "replay", str(captured), "--op", str(index), "--times", "20", "--json",
@@ -272,18 +271,15 @@ def test_gpu_gemm_replays_bit_for_bit(tmp_path: Path) -> None:
     """GEMMs captured from the GPU (a synchronous copy to the host) replay bit for bit on
     every GPU, none flagged; capturing changes no recorded fingerprint."""
     run_dir = tmp_path / "train"
-    result = _run(
-        "-m", "opguard", "record", "-o", str(run_dir), "--capture", "aten::mm,aten::addmm",
-        "--", str(SCENARIOS / "train_small.py"), cwd=tmp_path,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+    _record("train_small.py", run_dir, capture="aten::mm,aten::addmm")
     plain = tmp_path / "plain"
     _record("train_small.py", plain)
     assert _run("-m", "opguard", "diff", str(plain), str(run_dir), cwd=tmp_path).returncode == 0
-    ops = json.loads(
-        _run("-m", "opguard", "show", str(run_dir), "--ops", "0:400", "--json", cwd=tmp_path).stdout
-    )["ranks"]["0"]
-    gemms = [op["index"] for op in ops if op["op"] in ("aten::mm.default", "aten::addmm.default")]
+    gemms = [
+        op["index"]
+        for op in _ops(run_dir, "0:400")
+        if op["op"] in ("aten::mm.default", "aten::addmm.default")
+    ]
     assert gemms
     for index in gemms[:4]:
         replay = _run(
