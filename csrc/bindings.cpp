@@ -139,6 +139,12 @@ void bind_cuda(py::module_& m) {
         "Loads libcupti and enables kernel/memcpy/memset activity; '' or why not.");
   m.def("cupti_push", &cupti::push, py::arg("op"), "Ties GPU work launched from now to `op`.");
   m.def("cupti_pop", &cupti::pop);
+  m.def("cupti_recorder_enter", &cupti::recorder_enter,
+        "The calling thread records ops and now does OpGuard's own work (never reported).");
+  m.def("cupti_recorder_leave", &cupti::recorder_leave, py::arg("last_recorded"),
+        "Back to user code, after op `last_recorded`: its launches outside ops are unclaimed.");
+  m.def("cupti_watch_unclaimed", &cupti::watch_unclaimed, py::arg("on"),
+        "Whether GPU work launched outside any recorded op is reported.");
   m.def(
       "cupti_drain",
       [](bool all) {
@@ -152,17 +158,19 @@ void bind_cuda(py::module_& m) {
           out.append(py::make_tuple(a.op, a.kind, a.name,
                                     py::make_tuple(a.grid[0], a.grid[1], a.grid[2]),
                                     py::make_tuple(a.block[0], a.block[1], a.block[2]), a.stream,
-                                    a.device, a.start, a.end, a.bytes));
+                                    a.device, a.start, a.end, a.bytes, a.unclaimed));
         }
         return out;
       },
       py::arg("all") = false,
-      "(op, kind, name, grid, block, stream, device, start_ns, end_ns, bytes) per activity.");
+      "(op, kind, name, grid, block, stream, device, start_ns, end_ns, bytes, unclaimed) per "
+      "activity; unclaimed: launched after op `op`, outside any recorded op.");
   m.def("cupti_stop", &cupti::stop);
   m.def("cupti_counters", [] {
     const cupti::Counters c = cupti::counters();
     return py::dict(py::arg("buffers") = c.buffers, py::arg("records") = c.records,
-                    py::arg("activities") = c.activities, py::arg("correlations") = c.correlations);
+                    py::arg("activities") = c.activities, py::arg("correlations") = c.correlations,
+                    py::arg("unclaimed") = c.unclaimed);
   });
 }
 #endif

@@ -4,8 +4,11 @@
 #include <cupti_callbacks.h>
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <iterator>
 #include <mutex>
+#include <string_view>
 #include <unordered_map>
 
 namespace opguard {
@@ -28,14 +31,24 @@ struct Api {
   decltype(&cuptiEnableDomain) enable_domain = nullptr;
 };
 
+// What a launching API call's GPU work is, by its correlation id.
+struct Tag {
+  int64_t op = -1;         // the recorded op it belongs to or follows; -1: not reported
+  bool unclaimed = false;  // launched outside any recorded op, after op `op`
+  bool many = false;       // a graph launch: every kernel of the graph carries this id
+  uint32_t partner = 0;    // the runtime call around a driver call (or the reverse), if any
+};
+
 struct State {
   std::mutex mutex;
   Api api;
   void* handle = nullptr;
-  bool active = false;
-  std::unordered_map<uint32_t, uint64_t> op_of;  // correlation id -> op index
+  std::atomic<bool> active{false};
+  std::atomic<bool> watching{false};       // report launches outside any op
+  std::atomic<int64_t> last_recorded{-1};  // the last op recorded, on any thread
+  std::unordered_map<uint32_t, Tag> tags;  // correlation id -> tag, until its activity
   CUpti_SubscriberHandle subscriber = nullptr;
-  std::vector<std::pair<uint32_t, Activity>> waiting;  // activity without a known op yet
+  std::vector<std::pair<uint32_t, Activity>> waiting;  // activity whose tag is not known yet
   Counters counters;
 };
 
@@ -46,15 +59,84 @@ State& state() {
 
 // The op whose execution the current thread is inside (-1: none), set by push/pop.
 thread_local int64_t current_op = -1;
+// Nesting depth of OpGuard's own work on this thread (recorder_enter, OwnWork).
+thread_local int own_depth = 0;
+// Whether this thread records ops: only its launches outside any op are reported (the trace
+// writer's and CUPTI's threads, a data loader's, never are).
+thread_local bool recording_thread = false;
+// The correlation id of the launching call this thread is inside (0: none): a runtime call
+// makes a driver call of its own, and the activity carries one of the two ids.
+thread_local uint32_t open_launch = 0;
 
-// Runtime and driver API callback: at the entry of every CUDA call made while an op runs, ties
-// the call's correlation id (which its kernels, copies and sets carry) to the op.
-void CUPTIAPI on_api(void*, CUpti_CallbackDomain, CUpti_CallbackId, const void* data) {
+// Whether an API function launches GPU work that CUPTI reports as activity: decided once per
+// callback id from its name, so the tag map only holds calls that will meet their activity.
+enum Launch : uint8_t { kUnknown = 0, kNone, kOne, kMany };
+
+Launch classify(const char* name) {
+  if (name == nullptr) return kNone;
+  const std::string_view n(name);
+  const auto has = [&n](const char* part) { return n.find(part) != std::string_view::npos; };
+  if (has("Graph")) return has("GraphLaunch") ? kMany : kNone;  // building a graph runs nothing
+  if (has("HostFunc")) return kNone;                            // a host function
+  return has("Launch") || has("Memcpy") || has("Memset") ? kOne : kNone;
+}
+
+std::atomic<uint8_t> runtime_launches[CUPTI_RUNTIME_TRACE_CBID_SIZE];
+std::atomic<uint8_t> driver_launches[CUPTI_DRIVER_TRACE_CBID_SIZE];
+
+Launch launch_of(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const char* name) {
+  std::atomic<uint8_t>* known = nullptr;
+  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API && cbid < CUPTI_RUNTIME_TRACE_CBID_SIZE) {
+    known = &runtime_launches[cbid];
+  } else if (domain == CUPTI_CB_DOMAIN_DRIVER_API && cbid < CUPTI_DRIVER_TRACE_CBID_SIZE) {
+    known = &driver_launches[cbid];
+  }
+  if (known == nullptr) return classify(name);  // an id newer than this build's headers
+  auto launch = static_cast<Launch>(known->load(std::memory_order_relaxed));
+  if (launch == kUnknown) {
+    launch = classify(name);
+    known->store(launch, std::memory_order_relaxed);
+  }
+  return launch;
+}
+
+// The tag of a launch the current thread makes now.
+Tag tag_now(const State& s) {
+  Tag tag;
+  if (current_op >= 0) {
+    tag.op = current_op;
+  } else if (own_depth == 0 && recording_thread && s.watching.load(std::memory_order_relaxed)) {
+    tag.op = s.last_recorded.load(std::memory_order_relaxed);  // -1 before the first op
+    tag.unclaimed = true;
+  }
+  return tag;
+}
+
+// Runtime and driver API callback: at the entry of every CUDA call that launches GPU work,
+// tags the call's correlation id (which its kernels, copies and sets carry) with the op it
+// belongs to, or the op it followed, or as not reported (OpGuard's own work).
+void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
   const auto* info = static_cast<const CUpti_CallbackData*>(data);
-  if (current_op < 0 || info->callbackSite != CUPTI_API_ENTER) return;
+  const Launch launch = launch_of(domain, cbid, info->functionName);
+  if (launch == kNone) return;
+  const uint32_t id = info->correlationId;
+  if (info->callbackSite == CUPTI_API_EXIT) {
+    if (open_launch == id) open_launch = 0;
+    return;
+  }
   State& s = state();
+  if (!s.active.load(std::memory_order_relaxed)) return;
+  Tag tag = tag_now(s);
+  tag.many = launch == kMany;
   std::lock_guard<std::mutex> lock(s.mutex);
-  s.op_of[info->correlationId] = static_cast<uint64_t>(current_op);
+  if (open_launch == 0) {
+    open_launch = id;
+  } else if (open_launch != id) {  // a driver call made by a runtime call: the activity
+    tag.partner = open_launch;     // meets one of the two ids, the other goes with it
+    auto outer = s.tags.find(open_launch);
+    if (outer != s.tags.end()) outer->second.partner = id;
+  }
+  s.tags[id] = tag;
   ++s.counters.correlations;
 }
 
@@ -85,13 +167,14 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
   *max_records = 0;
 }
 
+// Parses a completed buffer without the lock, which launches on the training threads take.
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
   State& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  ++s.counters.buffers;
+  std::vector<std::pair<uint32_t, Activity>> parsed;
+  uint64_t records = 0;
   CUpti_Activity* record = nullptr;
   while (s.api.next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
-    ++s.counters.records;
+    ++records;
     Activity a{};
     uint32_t correlation = 0;
     switch (record->kind) {
@@ -128,10 +211,15 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       default:
         continue;
     }
-    ++s.counters.activities;
-    s.waiting.emplace_back(correlation, std::move(a));
+    parsed.emplace_back(correlation, std::move(a));
   }
   free(buffer);
+  std::lock_guard<std::mutex> lock(s.mutex);
+  ++s.counters.buffers;
+  s.counters.records += records;
+  s.counters.activities += parsed.size();
+  s.waiting.insert(s.waiting.end(), std::make_move_iterator(parsed.begin()),
+                   std::make_move_iterator(parsed.end()));
 }
 
 const CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
@@ -186,6 +274,8 @@ std::string start(const std::string& library) {
     s.api.result_string(r, &text);
     return std::string("CUPTI activity unavailable: ") + (text ? text : "error");
   }
+  s.last_recorded = -1;
+  s.watching = true;
   s.active = true;
   return "";
 }
@@ -204,6 +294,21 @@ void pop() {
   current_op = -1;
 }
 
+void recorder_enter() {
+  recording_thread = true;
+  ++own_depth;
+}
+
+void recorder_leave(int64_t last_recorded) {
+  --own_depth;
+  if (last_recorded >= 0) state().last_recorded.store(last_recorded, std::memory_order_relaxed);
+}
+
+void watch_unclaimed(bool on) { state().watching = on; }
+
+OwnWork::OwnWork() { ++own_depth; }
+OwnWork::~OwnWork() { --own_depth; }
+
 std::vector<Activity> drain(bool all) {
   State& s = state();
   if (!s.active) return {};
@@ -212,17 +317,25 @@ std::vector<Activity> drain(bool all) {
   std::vector<Activity> ready;
   std::vector<std::pair<uint32_t, Activity>> still;
   for (auto& [correlation, activity] : s.waiting) {
-    auto it = s.op_of.find(correlation);
-    if (it != s.op_of.end()) {
-      activity.op = it->second;
-      s.op_of.erase(it);  // one correlation id per launch
-      ready.push_back(std::move(activity));
-    } else if (!all) {
-      still.emplace_back(correlation, std::move(activity));
-    }  // after a forced flush, activity with no op was not launched by a recorded op
+    auto it = s.tags.find(correlation);
+    if (it == s.tags.end()) {
+      // After a forced flush, activity with no tag was launched before collection started.
+      if (!all) still.emplace_back(correlation, std::move(activity));
+      continue;
+    }
+    const Tag tag = it->second;
+    if (!tag.many) {  // one activity per launch: its tag, and its partner's, are done
+      s.tags.erase(it);
+      if (tag.partner != 0) s.tags.erase(tag.partner);
+    }
+    if (tag.op < 0) continue;  // OpGuard's own work, another thread's, or before the first op
+    activity.op = static_cast<uint64_t>(tag.op);
+    activity.unclaimed = tag.unclaimed;
+    if (tag.unclaimed) ++s.counters.unclaimed;
+    ready.push_back(std::move(activity));
   }
   s.waiting.swap(still);
-  if (all) s.op_of.clear();
+  if (all) s.tags.clear();
   return ready;
 }
 
@@ -236,6 +349,7 @@ void stop() {
   State& s = state();
   if (!s.active) return;
   for (CUpti_ActivityKind kind : kKinds) s.api.disable(kind);
+  s.watching = false;
   s.active = false;
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "cupti_activity.h"
 #include "fingerprint_cuda.h"
 
 namespace opguard {
@@ -528,6 +529,7 @@ Ticket GpuFingerprinter::launch(const TensorView& view, int device, uintptr_t st
     }
     return t;
   }
+  const cupti::OwnWork own;  // OpGuard's launch: never reported as another op's GPU work
   int current = -1;
   check(cudaGetDevice(&current), "cudaGetDevice");
   if (current != device) check(cudaSetDevice(device), "cudaSetDevice");

@@ -1,9 +1,13 @@
 """GPU kernels, memcpys and memsets of each recorded op, through CUPTI's activity API.
 
-The native side ties GPU work to an op through CUPTI's API callbacks: every CUDA call made while
-the op runs (between push and pop) has its correlation id, which its kernels carry, mapped to the
-op; this module finds libcupti, starts collection, and turns drained activity
-into the trace's per-op kernel lists.
+The native side ties GPU work to an op through CUPTI's API callbacks: every CUDA call that
+launches work while the op runs (between push and pop) has its correlation id, which its kernels
+carry, mapped to the op. Work a recording thread launches outside any op and outside the
+recorder's own work (between ``enter`` and ``leave``) is *unclaimed*: code OpGuard did not record
+(a custom extension, a raw Triton launch, a ctypes call into libcuda). It is kept in the list of
+the op it followed, flagged ``"u": 1``, so an input changed behind the recorder's back can be
+traced to the GPU work that ran in between. This module finds libcupti, starts collection, and
+turns drained activity into the trace's per-op kernel lists.
 """
 
 from __future__ import annotations
@@ -42,6 +46,16 @@ class KernelActivity:
     def __init__(self) -> None:
         self.push = _C.cupti_push
         self.pop = _C.cupti_pop
+        # Around the recorder's own work on a thread (fingerprints, captures); ``leave`` takes
+        # the last recorded op, which unclaimed work launched afterwards follows.
+        self.enter = _C.cupti_recorder_enter
+        self.leave = _C.cupti_recorder_leave
+
+    @staticmethod
+    def stop_watching() -> None:
+        """Recording stopped: GPU work launched from now on is no longer reported (the ops
+        that launch it are not recorded either)."""
+        _C.cupti_watch_unclaimed(False)
 
     @classmethod
     def start(cls) -> tuple[KernelActivity | None, str]:
@@ -58,9 +72,9 @@ class KernelActivity:
     def drain(self, final: bool = False) -> dict[int, list[dict[str, Any]]]:
         """Activity collected so far, by op index (``final``: everything, then stop)."""
         by_op: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for op, kind, name, grid, block, stream, device, start, end, nbytes in _C.cupti_drain(
-            final
-        ):
+        for (
+            op, kind, name, grid, block, stream, device, start, end, nbytes, unclaimed
+        ) in _C.cupti_drain(final):  # fmt: skip
             entry: dict[str, Any] = {
                 "k": KINDS[kind],
                 "n": name,
@@ -73,6 +87,8 @@ class KernelActivity:
                 entry["g"], entry["b"] = list(grid), list(block)
             else:
                 entry["z"] = nbytes
+            if unclaimed:
+                entry["u"] = 1
             by_op[op].append(entry)
         if final:
             _C.cupti_stop()

@@ -140,6 +140,27 @@ class OpRecorder(TorchDispatchMode):
         kernel). ``arguments``: extra non-tensor arguments to record (e.g. a code digest).
         ``nested``: ``run`` records ops of its own (a compiled region's kernels), which come
         first in the trace and own their GPU work."""
+        kernels = self.kernels
+        if kernels is None:
+            return self._record_call(info, run, args, kwargs, in_flight, arguments, nested)
+        # The recorder's own GPU work (fingerprints, captures) is never reported; GPU work the
+        # thread launches after this call, outside any op, follows the last op recorded.
+        kernels.enter()
+        try:
+            return self._record_call(info, run, args, kwargs, in_flight, arguments, nested)
+        finally:
+            kernels.leave(self.next_index - 1)
+
+    def _record_call(
+        self,
+        info: OpInfo,
+        run: Callable[..., Any],
+        args: tuple,
+        kwargs: dict,
+        in_flight: Callable[[Any], bool] | None,
+        arguments: list[list[Any]] | None,
+        nested: bool,
+    ) -> Any:
         try:
             pending = self._before(info, args, kwargs, nested)
             if arguments:
@@ -164,8 +185,14 @@ class OpRecorder(TorchDispatchMode):
 
     def fail(self, exc: BaseException) -> None:
         """Stops recording (the training goes on) and reports why."""
-        self.active = False
+        self.stop()
         self._on_failure(self.next_index, exc)
+
+    def stop(self) -> None:
+        """Records no more ops; GPU work launched from now on is no longer reported either."""
+        self.active = False
+        if self.kernels is not None:
+            self.kernels.stop_watching()
 
     def intern_name(self, name: str) -> int:
         return int(self._writer.intern_name(name))

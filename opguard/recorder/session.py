@@ -295,7 +295,7 @@ class RecordingSession:
     def _stop_recording(self, reason: str) -> None:
         self._stopped_reason = reason
         if self._recorder is not None:
-            self._recorder.active = False
+            self._recorder.stop()
 
     # -- failures -------------------------------------------------------------------------
 
