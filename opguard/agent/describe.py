@@ -92,14 +92,21 @@ def tensor_text(t: TensorRecord | None) -> str:
 
 def kernel_lines(op: OpRecord) -> list[str]:
     """The GPU kernels the op launched: name, then the other recorded fields (grid, stream,
-    duration, ...) in key order."""
+    duration, ...) in key order; then, apart, the GPU work code OpGuard did not record
+    launched after the op (before the next one)."""
+    lines = _entry_lines(op.kernels, "kernels")
+    unrecorded = _entry_lines(op.unclaimed_kernels, "launches")
+    return lines + [f"after this op, unrecorded: {line}" for line in unrecorded]
+
+
+def _entry_lines(kernels: tuple[dict[str, Any], ...], noun: str) -> list[str]:
     lines = []
-    for kernel in op.kernels[:KERNELS_SHOWN]:
-        name = clip(str(kernel.get("name", "?")), KERNEL_NAME_CHARS)
-        rest = " ".join(f"{k}={value_text(v)}" for k, v in sorted(kernel.items()) if k != "name")
+    for kernel in kernels[:KERNELS_SHOWN]:
+        name = clip(str(kernel.get("n", "?")), KERNEL_NAME_CHARS)
+        rest = " ".join(f"{k}={value_text(v)}" for k, v in sorted(kernel.items()) if k != "n")
         lines.append(f"{name} {rest}".rstrip())
-    if len(op.kernels) > KERNELS_SHOWN:
-        lines.append(f"… {len(op.kernels) - KERNELS_SHOWN} more kernels")
+    if len(kernels) > KERNELS_SHOWN:
+        lines.append(f"… {len(kernels) - KERNELS_SHOWN} more {noun}")
     return lines
 
 

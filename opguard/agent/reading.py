@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 
 from ..analysis import Divergence, TensorDiff
+from ..analysis.divergence import kernel_names
 from .describe import number, op_line, value_text
 from .metadata import MetaDiff
 
@@ -77,10 +78,8 @@ def _rng(div: Divergence) -> list[str]:
 
 
 def _origin(div: Divergence) -> list[str]:
-    a, b = div.observed_a, div.observed_b
-    names_a = [k.get("name") for k in a.kernels]
-    names_b = [k.get("name") for k in b.kernels]
-    if names_a and names_b and names_a != names_b:
+    names_a, names_b = kernel_names(div.observed_a), kernel_names(div.observed_b)
+    if names_a and names_b and div.kernels_differ:
         return [
             f"equal inputs, different kernels chosen: run A ran {value_text(names_a)}, run B ran "
             f"{value_text(names_b)} (library heuristics, TF32 or precision settings, "

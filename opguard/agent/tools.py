@@ -71,7 +71,12 @@ TOOLS: list[dict[str, Any]] = [
         f"Source lines around an op's call site (at most {SOURCE_MAX} each side).",
         _AROUND,
     ),
-    _tool("kernels", "GPU kernels an op launched: name, grid, stream, duration.", {}),
+    _tool(
+        "kernels",
+        "GPU kernels an op launched: name, grid, stream, duration; then GPU work launched "
+        "after it by code OpGuard did not record.",
+        {},
+    ),
 ]
 
 

@@ -9,6 +9,8 @@ parameters), an op that exists in only one run, or a tensor changed by code OpGu
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -46,15 +48,22 @@ class Link:
 class WriteWindow:
     """In run ``run``, a tensor written by op ``producer`` was changed by code OpGuard did not
     record after op ``after`` (the last op that read it unchanged, or its producer) and before
-    op ``before`` (the first that read it changed)."""
+    op ``before`` (the first that read it changed). ``kernels``: the GPU work launched in that
+    window outside any recorded op, as (op it followed, kernels entry), the first
+    ``MAX_WINDOW_KERNELS`` of ``kernels_total``."""
 
     run: str  # "A" | "B"
     producer: int
     after: int
     before: int
+    kernels: tuple[tuple[int, dict[str, Any]], ...] = ()
+    kernels_total: int = 0
 
     def text(self) -> str:
-        return f"run {self.run}: written by unrecorded code between op {self.after} and op {self.before}"
+        where = f"run {self.run}: written by unrecorded code between op {self.after} and op {self.before}"
+        if not self.kernels_total:
+            return where
+        return f"{where}, kernels: {unrecorded_kernels_text(self.kernels, self.kernels_total)}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -62,7 +71,32 @@ class WriteWindow:
             "producer": self.producer,
             "after": self.after,
             "before": self.before,
+            "kernels": [{**entry, "i": index} for index, entry in self.kernels],
+            "kernels_total": self.kernels_total,
         }
+
+
+MAX_WINDOW_KERNELS = 50  # unrecorded GPU launches kept per window
+KERNEL_NAMES_SHOWN = 3  # distinct names in a window's text
+KERNEL_NAME_CHARS = 60
+
+
+def short_kernel_name(name: str) -> str:
+    """A kernel's name without its return type, template and parameter lists, clipped:
+    ``void at::native::vectorized_elementwise_kernel<4, …>(int, …)`` reads
+    ``at::native::vectorized_elementwise_kernel``."""
+    short = name.removeprefix("void ").split("(", 1)[0].split("<", 1)[0] or name
+    return short if len(short) <= KERNEL_NAME_CHARS else short[: KERNEL_NAME_CHARS - 1] + "…"
+
+
+def unrecorded_kernels_text(kernels: Sequence[tuple[int, dict[str, Any]]], total: int) -> str:
+    """``memset ×2, my_kernel, +3 more``: the distinct names of unrecorded GPU work, in launch
+    order, with how many launches the list leaves out."""
+    counts = Counter(short_kernel_name(str(entry.get("n", "?"))) for _, entry in kernels)
+    shown = list(counts.items())[:KERNEL_NAMES_SHOWN]
+    parts = [name if n == 1 else f"{name} ×{n}" for name, n in shown]
+    more = total - sum(n for _, n in shown)
+    return ", ".join(parts + ([f"+{more} more"] if more else []))
 
 
 @dataclass
@@ -346,6 +380,10 @@ class Explainer:
                     f"run {run} did not pass '{d.name}' (the op's default applied), the other "
                     f"run passed {_fmt(d.b if run == 'A' else d.a)}"
                 )
+        if div.cause == "origin" and not div.kernels_differ:
+            unrecorded = self._unrecorded_gpu_work(div)
+            if unrecorded:
+                return unrecorded
         if div.cause == "origin" and not div.kernels_differ and _reused_cpu_inputs(div.a):
             return (
                 "CPU ops give equal outputs for equal inputs: unless this one is "
@@ -355,6 +393,31 @@ class Explainer:
                 "find where"
             )
         return ""
+
+    def _unrecorded_gpu_work(self, div: Divergence) -> str:
+        """An origin whose inputs were equal as recorded, in a run that launched GPU work
+        OpGuard did not record after one of those inputs was produced and before the op read
+        it: that work may have changed the input after its fingerprint was taken."""
+        found = []
+        for run, trace, op in (("A", self.trace_a, div.a), ("B", self.trace_b, div.b)):
+            produced = [(t.producer[0], t.slot) for t in op.inputs if t.producer] if op else []
+            if op is None or not produced:
+                continue
+            first, slot = min(produced)
+            start = max(first, op.index - MAX_WINDOW_SCAN)
+            kernels, total = trace.unclaimed_between(start, op.index, MAX_WINDOW_KERNELS)
+            if total:
+                found.append(
+                    f"run {run} launched GPU work OpGuard did not record "
+                    f"({unrecorded_kernels_text(kernels, total)}) after op {first}, which "
+                    f"produced input '{slot}', and before this op"
+                )
+        if not found:
+            return ""
+        return (
+            "; ".join(found) + ": it may have written the input after its fingerprint was "
+            "taken; record both runs with --verify-inputs to find where"
+        )
 
 
 def _reused_cpu_inputs(op: OpRecord | None) -> bool:
@@ -385,7 +448,8 @@ def _write_window(
             if t.producer != produced or t.content_key() is None:
                 continue
             if _content(t) != _content(written):
-                return WriteWindow(run, produced[0], after, op.index)
+                kernels, total = trace.unclaimed_between(after, op.index, MAX_WINDOW_KERNELS)
+                return WriteWindow(run, produced[0], after, op.index, tuple(kernels), total)
             after = op.index
     return None
 

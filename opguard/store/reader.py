@@ -50,6 +50,13 @@ def _unpack(raw: bytes | memoryview) -> Any:
         raise DamagedRecord(f"undecodable record ({type(exc).__name__}: {exc})") from None
 
 
+_UNCLAIMED_PACKED = msgpack.packb(schema.KERNEL_UNCLAIMED)  # the flag's key, as stored
+
+
+def _unclaimed(entry: Any) -> bool:
+    return isinstance(entry, dict) and bool(entry.get(schema.KERNEL_UNCLAIMED))
+
+
 def _op_index(key: bytes | memoryview) -> int:
     if len(key) != schema.OP_KEY_SIZE:
         raise DamagedRecord(f"op key of {len(key)} bytes")
@@ -223,6 +230,7 @@ class RankTrace:
         is not one."""
         raw = check_op(raw, tensors=False)  # each tensor entry is checked as it is decoded
         site = raw.get("c")
+        kernels = self.kernels(raw["i"])
         return OpRecord(
             index=raw["i"],
             op=self.op_names.get(raw["o"], f"<op {raw['o']}>"),
@@ -236,11 +244,13 @@ class RankTrace:
             outputs=tuple(TensorRecord.decode(t) for t in raw.get("y", ())),
             rng=raw.get("r"),
             returned=raw.get("v"),
-            kernels=self.kernels(raw["i"]),
+            kernels=tuple(k for k in kernels if not _unclaimed(k)),
+            unclaimed_kernels=tuple(k for k in kernels if _unclaimed(k)),
         )
 
     def kernels(self, index: int) -> tuple[dict[str, Any], ...]:
-        """The GPU kernels, memcpys and memsets op ``index`` launched (empty off the GPU)."""
+        """The GPU kernels, memcpys and memsets op ``index`` launched, then those launched after
+        it by code OpGuard did not record (flagged; empty off the GPU)."""
         db = self._dbs.get("kernels")
         if db is None:
             return ()
@@ -250,6 +260,38 @@ class RankTrace:
         except lmdb.Error:
             return ()
         return tuple(_unpack(raw)) if raw is not None else ()
+
+    def unclaimed_between(
+        self, start: int, stop: int, limit: int
+    ) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+        """GPU work that code OpGuard did not record launched after op ``start`` and before
+        op ``stop`` (tagged with ops ``start`` to ``stop - 1``): up to ``limit`` (op index,
+        entry) pairs in launch order, and how many there were. One cursor pass over the
+        ``kernels`` database, which holds entries only for ops that had GPU work."""
+        db = self._dbs.get("kernels")
+        found: list[tuple[int, dict[str, Any]]] = []
+        total = 0
+        if db is None or stop <= start:
+            return found, total
+        try:
+            with self._env.begin() as txn:
+                cursor = txn.cursor(db=db)
+                if not cursor.set_range(schema.op_key(start)):
+                    return found, total
+                for key, value in cursor:
+                    index = _op_index(key)
+                    if index >= stop:
+                        break
+                    if _UNCLAIMED_PACKED not in value:  # most ops: skip unpacking
+                        continue
+                    for entry in _unpack(value):
+                        if _unclaimed(entry):
+                            total += 1
+                            if len(found) < limit:
+                                found.append((index, entry))
+        except (lmdb.Error, DamagedRecord):
+            pass  # kernels are evidence, not the trace: what was read stands
+        return found, total
 
     def captures(self, index: int) -> list[CapturedTensor]:
         """The tensors of op ``index`` stored in full (``record --capture``): its inputs as

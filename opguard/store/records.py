@@ -281,6 +281,8 @@ class OpRecord:
     rng: int | None
     returned: Any = None
     kernels: tuple[dict[str, Any], ...] = field(default=())
+    # GPU work launched after this op, before the next one, by code OpGuard did not record
+    unclaimed_kernels: tuple[dict[str, Any], ...] = field(default=())
 
     @property
     def is_backward(self) -> bool:
@@ -306,4 +308,6 @@ class OpRecord:
             out["returned"] = _json_number(self.returned)
         if self.kernels:
             out["kernels"] = list(self.kernels)
+        if self.unclaimed_kernels:
+            out["unrecorded_after"] = list(self.unclaimed_kernels)
         return out

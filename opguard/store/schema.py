@@ -14,7 +14,9 @@ A run directory holds ``meta.json`` (the run as a whole) and one LMDB environmen
 ``kernels``
     GPU activity of an op (kernels, memcpys, memsets from CUPTI), written when CUPTI delivers
     it; key: the op's key; value: list of maps ``k`` kind, ``n`` name, ``g`` grid, ``b``
-    block, ``s`` stream, ``d`` device, ``t0``/``t1`` start/end (ns), ``z`` bytes.
+    block, ``s`` stream, ``d`` device, ``t0``/``t1`` start/end (ns), ``z`` bytes, and ``u``
+    (``1``) on GPU work launched *after* the op, outside any recorded op, by code OpGuard did
+    not record (a custom extension, a raw Triton launch, a ctypes call into libcuda).
 ``captures``
     full contents of the tensors of ops chosen with ``opguard record --capture``; key: the op's
     key + ``x`` (input) or ``y`` (output) + 2-byte big-endian position in the record's list;
@@ -56,6 +58,8 @@ FLAG_VIEW = 1  # output of a view op: shares its input's data, not re-read
 FLAG_UNINITIALIZED = 2  # memory not yet written (torch.empty and friends): content meaningless
 FLAG_UNREADABLE = 4  # no raw storage to read (meta, sparse, nested, subclass)
 FLAG_WRITTEN = 8  # an argument the op wrote in place (its "output" entry is the new content)
+
+KERNEL_UNCLAIMED = "u"  # the key that flags a kernels entry as launched after the op, unrecorded
 
 _KEY = struct.Struct(">Q")
 _ID = struct.Struct(">I")

@@ -385,11 +385,16 @@ def source(args: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
+UNRECORDED_SHOWN = 20  # GPU launches by unrecorded code shown after an op's kernels
+
+
 def kernels(args: dict[str, Any]) -> Pages:
-    """GPU work the op launched (kernels, memcpys, memsets), as recorded."""
+    """GPU work the op launched (kernels, memcpys, memsets), as recorded, and apart from it
+    the GPU work code OpGuard did not record launched after the op (``unrecorded_after``)."""
     with _trace(args) as trace:
         op = trace.op(args["index"])
     found = list(op.kernels)
+    unrecorded = list(op.unclaimed_kernels)
 
     def render(offset: int, limit: int) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -400,6 +405,9 @@ def kernels(args: dict[str, Any]) -> Pages:
         }
         if not found:
             out["note"] = "none recorded: a CPU op, or a run recorded without kernel tracing"
+        if unrecorded:  # launched after the op, outside any recorded op; not paged
+            out["unrecorded_after"] = unrecorded[:UNRECORDED_SHOWN]
+            out["unrecorded_after_total"] = len(unrecorded)
         return out
 
     return Pages(len(found), render)

@@ -160,7 +160,8 @@ TOOLS: tuple[Tool, ...] = (
     ),
     Tool(
         "kernels",
-        "GPU kernels, memcpys and memsets an op launched in one run (name, grid, stream, timing).",
+        "GPU kernels, memcpys and memsets an op launched in one run (name, grid, stream, timing), "
+        "and apart, those launched after it by code OpGuard did not record.",
         (RUN, INDEX, RANK),
         f"{ANSWERS}:kernels",
         page=20,

@@ -264,15 +264,23 @@ def _producer_text(producers: Sequence[Producer]) -> Text | None:
 
 
 def _kernels(a: OpRecord | None, b: OpRecord | None) -> Table | None:
-    if not any(op is not None and op.kernels for op in (a, b)):
+    """The GPU work each run's op launched, then (apart) what code OpGuard did not record
+    launched after it."""
+    groups = [
+        group
+        for run, op in (("A", a), ("B", b))
+        if op is not None
+        for group in ((run, op.kernels), (f"{run} after, unrecorded", op.unclaimed_kernels))
+        if group[1]
+    ]
+    if not groups:
         return None
     table = Table(
         title="GPU work", title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, expand=True
     )
     for column in ("run", "kind", "name", "grid / bytes", "stream", "µs"):
         table.add_column(column)
-    for run, op in (("A", a), ("B", b)):
-        kernels = op.kernels if op is not None else ()
+    for run, kernels in groups:
         for k in kernels[:KERNELS_SHOWN]:
             shape = f"{k['g']} {k['b']}" if "g" in k else f"{k.get('z', '')}"
             micros = (k.get("t1", 0) - k.get("t0", 0)) / 1e3
