@@ -116,7 +116,13 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _record(script: str, run_dir: Path, *script_args: str, capture: str | None = None) -> str:
+def _record(
+    script: str,
+    run_dir: Path,
+    *script_args: str,
+    capture: str | None = None,
+    verify_inputs: bool = False,
+) -> str:
     result = _run(
         "-m",
         "opguard",
@@ -125,6 +131,7 @@ def _record(script: str, run_dir: Path, *script_args: str, capture: str | None =
         str(run_dir),
         "--overwrite",
         *(["--capture", capture] if capture else []),
+        *(["--verify-inputs"] if verify_inputs else []),
         "--",
         str(SCENARIOS / script),
         *script_args,
@@ -237,6 +244,42 @@ def test_stream_race_shows_the_read_before_the_write(tmp_path: Path) -> None:
     assert first["a"]["op"].startswith("aten::sum")
     assert first["stream_race"] and first["stream_race"].startswith("run B:")
     assert "aten::copy_" in first["stream_race"]
+
+
+def test_gpu_work_no_recorded_op_launched_is_named(tmp_path: Path) -> None:
+    """A ctypes cuMemsetD32Async between two recorded ops changes a tensor in run B (run A's
+    writes the value it already held). Verified inputs: the diff places the write between the
+    last op that read the tensor unchanged and the first that read it changed, and names the
+    memset; unverified: the read looks like an origin, and the hint names the memset."""
+    for name, value in (("a", "same"), ("b", "other")):
+        _record("unrecorded_memset.py", tmp_path / name, value, verify_inputs=True)
+        _record("unrecorded_memset.py", tmp_path / f"{name}_unverified", value)
+    ops = {op["index"]: op for op in _ops(tmp_path / "b", "0:100")}
+    reader = next(i for i, op in ops.items() if op["op"] == "aten::mul.Tensor")
+    first = _diff(tmp_path / "a", tmp_path / "b")["first_divergence"]
+    assert (first["kind"], first["cause"]) == ("propagated", "unrecorded-write"), first
+    (window,) = first["unrecorded_writes"]
+    assert window["run"] == "B" and window["before"] == reader
+    assert ops[window["after"]]["op"] == "aten::sum.default"  # the last unchanged read
+    assert [(k["k"], k["i"]) for k in window["kernels"]] == [("memset", window["after"])]
+    assert window["kernels"][0]["z"] == 4096 * 4
+    assert ", kernels: memset" in first["summary"]
+    # The memset followed the sum; it is not the sum's kernel, nor the mul's.
+    assert [k["k"] for k in ops[window["after"]]["unrecorded_after"]] == ["memset"]
+    assert all(k["k"] != "memset" for op in ops.values() for k in op.get("kernels", ()))
+    unverified = _diff(tmp_path / "a_unverified", tmp_path / "b_unverified")["first_divergence"]
+    assert unverified["cause"] == "origin"
+    assert "GPU work OpGuard did not record (memset)" in unverified["hint"]
+
+
+def test_recorders_own_gpu_work_is_never_unrecorded(tmp_path: Path) -> None:
+    """A training loop recorded on the GPU launches nothing outside its ops: the recorder's
+    fingerprint kernels and copies are its own, not user code's."""
+    _record("train_small.py", tmp_path / "run")
+    ops = _ops(tmp_path / "run", "0:100000")
+    assert len(ops) > 100 and any(op.get("kernels") for op in ops)
+    unrecorded = [(op["index"], op["unrecorded_after"]) for op in ops if "unrecorded_after" in op]
+    assert unrecorded == []
 
 
 def test_nondeterministic_kernel_replays_as_nondeterministic(tmp_path: Path) -> None:
