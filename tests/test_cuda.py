@@ -264,9 +264,14 @@ def test_gpu_work_no_recorded_op_launched_is_named(tmp_path: Path) -> None:
     assert [(k["k"], k["i"]) for k in window["kernels"]] == [("memset", window["after"])]
     assert window["kernels"][0]["z"] == 4096 * 4
     assert ", kernels: memset" in first["summary"]
-    # The memset followed the sum; it is not the sum's kernel, nor the mul's.
+    # The memset followed the sum; it is no op's own GPU work.
     assert [k["k"] for k in ops[window["after"]]["unrecorded_after"]] == ["memset"]
-    assert all(k["k"] != "memset" for op in ops.values() for k in op.get("kernels", ()))
+    memset = window["kernels"][0]
+    assert all(
+        (k["k"], k.get("z"), k["t0"]) != ("memset", memset["z"], memset["t0"])
+        for op in ops.values()
+        for k in op.get("kernels", ())
+    )
     unverified = _diff(tmp_path / "a_unverified", tmp_path / "b_unverified")["first_divergence"]
     assert unverified["cause"] == "origin"
     assert "GPU work OpGuard did not record (memset)" in unverified["hint"]
