@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import os
 import tempfile
 import threading
@@ -91,11 +92,12 @@ def recorded(
 def cpu_by_thread(step: Callable[[], float], steps: int) -> None:
     before: dict[int, tuple[str, float]] = {}
     after: dict[int, tuple[str, float]] = {}
+    collections_timed = GcTimer()
     run, wall = recorded(
         step,
         steps,
-        lambda: before.update(thread_cpu_seconds()),
-        lambda: after.update(thread_cpu_seconds()),
+        lambda: (before.update(thread_cpu_seconds()), collections_timed.start()),
+        lambda: (after.update(thread_cpu_seconds()), collections_timed.stop()),
     )
     names = {
         threading.main_thread().native_id: "training (main)",
@@ -105,6 +107,36 @@ def cpu_by_thread(step: Callable[[], float], steps: int) -> None:
     used = {tid: after[tid][1] - before.get(tid, ("", 0.0))[1] for tid in after}
     for tid, seconds in sorted(used.items(), key=lambda item: -item[1])[:4]:
         print(f"  {names.get(tid, after[tid][0]):<24} {seconds / steps * 1e3:8.1f}")
+    print("cyclic garbage collections per step (all threads):")
+    for generation, (count, seconds) in enumerate(collections_timed.by_generation()):
+        print(f"  generation {generation}: {count / steps:6.1f} × {seconds / steps * 1e3:8.1f} ms")
+
+
+class GcTimer:
+    """Counts the cyclic collector's runs and their time by generation, through
+    ``gc.callbacks``: each collection stops the thread that triggered it."""
+
+    def __init__(self) -> None:
+        self._started: dict[int, float] = {}
+        self._count = [0, 0, 0]
+        self._seconds = [0.0, 0.0, 0.0]
+
+    def _on_collection(self, phase: str, info: dict[str, Any]) -> None:
+        generation = info["generation"]
+        if phase == "start":
+            self._started[generation] = time.perf_counter()
+        elif generation in self._started:
+            self._seconds[generation] += time.perf_counter() - self._started.pop(generation)
+            self._count[generation] += 1
+
+    def start(self) -> None:
+        gc.callbacks.append(self._on_collection)
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._on_collection)
+
+    def by_generation(self) -> list[tuple[int, float]]:
+        return list(zip(self._count, self._seconds, strict=True))
 
 
 def time_by_part(step: Callable[[], float], steps: int) -> None:
