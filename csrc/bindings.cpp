@@ -8,6 +8,8 @@
 #include "callstack.h"
 #include "fingerprint_cpu.h"
 #include "opscan.h"
+#include "results.h"
+#include "tensor_probe.h"
 #if OPGUARD_WITH_CUDA
 #include "cupti_activity.h"
 #include "fingerprint_cuda.h"
@@ -22,23 +24,6 @@ namespace {
 
 constexpr int kFingerprintVersion = 1;
 
-py::object stats_tuple(const Fingerprint& fp, Kind kind) {
-  if (!opguard::has_stats(kind)) return py::none();
-  const auto& s = fp.stats;
-  py::object none = py::none();
-  const bool any = s.finite > 0;
-  return py::make_tuple(any ? py::object(py::float_(s.min)) : none,
-                        any ? py::object(py::float_(s.max)) : none,
-                        any ? py::object(py::float_(s.sum / static_cast<double>(s.finite))) : none,
-                        any ? py::object(py::float_(s.absmax)) : none, s.nan, s.inf);
-}
-
-py::tuple result_tuple(const Fingerprint& fp, Kind kind) {
-  return py::make_tuple(fp.hash, fp.nbytes,
-                        py::bytes(reinterpret_cast<const char*>(fp.head.data()), fp.head.size()),
-                        stats_tuple(fp, kind));
-}
-
 TensorView make_view(uintptr_t address, int64_t itemsize, std::vector<int64_t> sizes,
                      std::vector<int64_t> strides, int kind_code) {
   if (sizes.size() != strides.size()) throw py::value_error("sizes and strides differ in length");
@@ -47,30 +32,19 @@ TensorView make_view(uintptr_t address, int64_t itemsize, std::vector<int64_t> s
                     std::move(strides), static_cast<Kind>(kind_code)};
 }
 
-// Below this many bytes hashing takes less time than handing the GIL to another thread and
-// getting it back, which the trace writer's thread would turn into a wait on every op.
-constexpr int64_t kReleaseGilBytes = 256 << 10;
-
-Fingerprint fingerprint_view(const TensorView& view, int64_t head_elements) {
-  int64_t nbytes = view.itemsize;
-  for (int64_t s : view.sizes) nbytes *= s;
-  if (nbytes < kReleaseGilBytes) return opguard::fingerprint_cpu(view, head_elements);
-  py::gil_scoped_release release;
-  return opguard::fingerprint_cpu(view, head_elements);
-}
-
 py::tuple fingerprint(uintptr_t address, int64_t itemsize, std::vector<int64_t> sizes,
                       std::vector<int64_t> strides, int kind_code, int64_t head_elements) {
   const TensorView view =
       make_view(address, itemsize, std::move(sizes), std::move(strides), kind_code);
-  return result_tuple(fingerprint_view(view, head_elements), view.kind);
+  return opguard::result_tuple(opguard::fingerprint_cpu_releasing_gil(view, head_elements),
+                               view.kind);
 }
 
 uint64_t hash_buffer(py::buffer buffer) {
   py::buffer_info info = buffer.request();
   TensorView view{
       static_cast<const uint8_t*>(info.ptr), 1, {info.size * info.itemsize}, {1}, Kind::Opaque};
-  return fingerprint_view(view, 0).hash;
+  return opguard::fingerprint_cpu_releasing_gil(view, 0).hash;
 }
 
 #if OPGUARD_WITH_CUDA
@@ -84,25 +58,6 @@ void bind_cuda(py::module_& m) {
                                "Fingerprints device tensors on their stream, without syncing.")
       .def(py::init<uint64_t, uint64_t>(), py::arg("partial_capacity") = 1 << 20,
            py::arg("head_capacity") = 1 << 17)
-      .def(
-          "launch",
-          [](GpuFingerprinter& self, uintptr_t address, int64_t itemsize,
-             std::vector<int64_t> sizes, std::vector<int64_t> strides, int kind, int device,
-             uintptr_t stream, int64_t head_elements, double timeout_s) {
-            const TensorView view =
-                make_view(address, itemsize, std::move(sizes), std::move(strides), kind);
-            // Keeping the GIL avoids handing it to the trace writer on every launch; only a
-            // full ring (which the writer empties) is waited for without it.
-            Ticket ticket = self.launch(view, device, stream, head_elements, 0.0);
-            if (ticket.seq == 0) {
-              py::gil_scoped_release release;
-              ticket = self.launch(view, device, stream, head_elements, timeout_s);
-            }
-            return ticket;
-          },
-          py::arg("address"), py::arg("itemsize"), py::arg("sizes"), py::arg("strides"),
-          py::arg("kind"), py::arg("device"), py::arg("stream"), py::arg("head_elements") = 8,
-          py::arg("timeout_s") = 60.0)
       .def("ready", &GpuFingerprinter::ready)
       .def(
           "collect",
@@ -112,7 +67,7 @@ void bind_cuda(py::module_& m) {
               py::gil_scoped_release release;
               fp = self.collect(ticket, timeout_s);
             }
-            return result_tuple(fp, static_cast<Kind>(ticket.kind));
+            return opguard::entry_fields(fp, static_cast<Kind>(ticket.kind));
           },
           py::arg("ticket"), py::arg("timeout_s") = 600.0)
       .def(
@@ -126,7 +81,7 @@ void bind_cuda(py::module_& m) {
             }
             py::list out;
             for (size_t i = 0; i < tickets.size(); ++i) {
-              out.append(result_tuple(fps[i], static_cast<Kind>(tickets[i].kind)));
+              out.append(opguard::entry_fields(fps[i], static_cast<Kind>(tickets[i].kind)));
             }
             return out;
           },
@@ -153,18 +108,34 @@ void bind_cuda(py::module_& m) {
           py::gil_scoped_release release;
           done = cupti::drain(all);
         }
-        py::list out;
+        // Built here, not in Python: the trace writer drains thousands per step, and its
+        // Python time is taken from the training thread (the GIL).
+        static const char* const kinds[] = {"kernel", "memcpy", "memset"};
+        py::dict by_op;
         for (const auto& a : done) {
-          out.append(py::make_tuple(a.op, a.kind, a.name,
-                                    py::make_tuple(a.grid[0], a.grid[1], a.grid[2]),
-                                    py::make_tuple(a.block[0], a.block[1], a.block[2]), a.stream,
-                                    a.device, a.start, a.end, a.bytes, a.unclaimed));
+          py::dict entry;
+          entry["k"] = kinds[a.kind];
+          entry["n"] = a.name;
+          entry["s"] = a.stream;
+          entry["d"] = a.device;
+          entry["t0"] = a.start;
+          entry["t1"] = a.end;
+          if (a.kind == 0) {
+            entry["g"] = py::make_tuple(a.grid[0], a.grid[1], a.grid[2]);
+            entry["b"] = py::make_tuple(a.block[0], a.block[1], a.block[2]);
+          } else {
+            entry["z"] = a.bytes;
+          }
+          if (a.unclaimed) entry["u"] = 1;
+          py::int_ op(a.op);
+          if (!by_op.contains(op)) by_op[op] = py::list();
+          by_op[op].cast<py::list>().append(std::move(entry));
         }
-        return out;
+        return by_op;
       },
       py::arg("all") = false,
-      "(op, kind, name, grid, block, stream, device, start_ns, end_ns, bytes, unclaimed) per "
-      "activity; unclaimed: launched after op `op`, outside any recorded op.");
+      "{op: [kernel entries]}: the trace's kernel entries (schema.py) of the GPU activity "
+      "drained; an entry with u=1 was launched after op `op`, outside any recorded op.");
   m.def("cupti_stop", &cupti::stop);
   m.def("cupti_counters", [] {
     const cupti::Counters c = cupti::counters();
@@ -202,6 +173,7 @@ PYBIND11_MODULE(_C, m) {
         "(usable, reason): whether GPU fingerprints can run here, and why not.");
   opguard::bind_opscan(m);
   opguard::bind_callstack(m);
+  opguard::bind_tensor_probe(m);
 #if OPGUARD_WITH_CUDA
   bind_cuda(m);
 #endif

@@ -15,12 +15,9 @@ from __future__ import annotations
 import glob
 import os
 import sys
-from collections import defaultdict
 from typing import Any
 
 from .. import _C
-
-KINDS = ("kernel", "memcpy", "memset")
 
 
 def _candidates() -> list[str]:
@@ -70,26 +67,9 @@ class KernelActivity:
         return None, reasons[-1] if reasons else "libcupti not found"
 
     def drain(self, final: bool = False) -> dict[int, list[dict[str, Any]]]:
-        """Activity collected so far, by op index (``final``: everything, then stop)."""
-        by_op: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for (
-            op, kind, name, grid, block, stream, device, start, end, nbytes, unclaimed
-        ) in _C.cupti_drain(final):  # fmt: skip
-            entry: dict[str, Any] = {
-                "k": KINDS[kind],
-                "n": name,
-                "s": stream,
-                "d": device,
-                "t0": start,
-                "t1": end,
-            }
-            if kind == 0:
-                entry["g"], entry["b"] = list(grid), list(block)
-            else:
-                entry["z"] = nbytes
-            if unclaimed:
-                entry["u"] = 1
-            by_op[op].append(entry)
+        """Activity collected so far, by op index, as the trace's kernel entries (``final``:
+        everything, then stop)."""
+        by_op = _C.cupti_drain(final)
         if final:
             _C.cupti_stop()
         return by_op

@@ -31,32 +31,9 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _dtype_info(dtype)[0]
 
 
-_CUDA_NAMES: dict[int, str] = {}
-
-
-def _device_name(tensor: torch.Tensor) -> str:
-    """``str(tensor.device)`` without building a device object for the common devices."""
-    if tensor.is_cuda:
-        index = tensor.get_device()
-        name = _CUDA_NAMES.get(index)
-        if name is None:
-            name = _CUDA_NAMES[index] = f"cuda:{index}"
-        return name
-    return "cpu" if tensor.is_cpu else str(tensor.device)
-
-
 def describe(tensor: torch.Tensor, slot: str) -> dict[str, Any]:
-    """Metadata only: what every entry has, read or not."""
-    name, _, _ = _dtype_info(tensor.dtype)
-    entry: dict[str, Any] = {
-        "n": slot,
-        "d": name,
-        "s": list(tensor.shape),
-        "v": _device_name(tensor),
-    }
-    if tensor.layout == torch.strided:
-        entry["t"] = list(tensor.stride())
-    return entry
+    """Metadata only: what every entry has, read or not (``n``, ``d``, ``s``, ``v``, ``t``)."""
+    return _PROBE.describe(tensor, slot)
 
 
 def is_readable(tensor: torch.Tensor) -> bool:
@@ -69,14 +46,6 @@ def is_readable(tensor: torch.Tensor) -> bool:
 
 
 Fields = dict[str, Any]
-
-
-def _fields(result: tuple[int, int, bytes, tuple | None]) -> Fields:
-    digest, nbytes, head, stats = result
-    fields: Fields = {"h": digest, "z": nbytes, "b": head}
-    if stats is not None:
-        fields["m"] = list(stats)
-    return fields
 
 
 class PendingFields:
@@ -93,8 +62,7 @@ class PendingFields:
 
     def resolve(self) -> Fields:
         if self._fields is None:
-            kernels = _gpu()
-            self._fields = _fields(kernels.collect(self._ticket))
+            self._fields = _gpu().collect(self._ticket)
             self._ticket = None
         return self._fields
 
@@ -113,7 +81,7 @@ def resolve_all(pending: list[PendingFields]) -> None:
     if launched:
         results = _gpu().collect_many([fields._ticket for fields in launched])
         for fields, result in zip(launched, results, strict=True):
-            fields._fields = _fields(result)
+            fields._fields = result
             fields._ticket = None
 
 
@@ -131,33 +99,24 @@ def _gpu() -> Any:
     return _GPU
 
 
+_PROBE = _C.TensorProbe(
+    (torch.Tensor, torch.nn.Parameter),
+    torch.strided,
+    _dtype_info,
+    getattr(torch._C, "_cuda_getCurrentRawStream", None),  # absent from CPU-only builds
+    _gpu,
+)
+
+
 def fingerprint_fields(tensor: torch.Tensor) -> Fields | PendingFields:
     """The content fields of an entry (``h``, ``z``, ``b``, ``m``), the unreadable flag, or, for
     a device tensor, a :class:`PendingFields` resolved once its kernel has run."""
-    if not is_readable(tensor):
+    result = _PROBE.fingerprint(tensor, HEAD_ELEMENTS)
+    if result is None:
         return {"f": schema.FLAG_UNREADABLE}
-    if tensor.is_conj() or tensor.is_neg():
-        # torch applies these bits lazily: the stored bytes are not the values
-        tensor = tensor.resolve_conj().resolve_neg()
-    _, kind, itemsize = _dtype_info(tensor.dtype)
-    if tensor.device.type == "cuda":
-        device = tensor.device.index or 0
-        ticket = _gpu().launch(
-            tensor.data_ptr(),
-            itemsize,
-            tensor.shape,
-            tensor.stride(),
-            kind,
-            device,
-            torch._C._cuda_getCurrentRawStream(device),
-            HEAD_ELEMENTS,
-        )
-        return PendingFields(ticket)
-    return _fields(
-        _C.fingerprint(
-            tensor.data_ptr(), itemsize, tensor.shape, tensor.stride(), kind, HEAD_ELEMENTS
-        )
-    )
+    if type(result) is dict:
+        return result
+    return PendingFields(result)
 
 
 class DerivedFields(PendingFields):

@@ -27,6 +27,18 @@ MAP_SIZE = 1 << 40
 Packer = Callable[[], Any]
 
 
+_packers = (
+    threading.local()
+)  # a Packer is not thread-safe, and building one costs as much as packing
+
+
+def _packb(value: Any) -> bytes:
+    packer = getattr(_packers, "packer", None)
+    if packer is None:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack(value)
+
+
 class Interner:
     """Assigns dense ids to hashable values; new values are handed to ``on_new``."""
 
@@ -97,9 +109,14 @@ class TraceWriter:
 
     def append(self, index: int, record: dict[str, Any] | Packer) -> None:
         """Queues op ``index``. ``record`` may be a callable, packed on the writer thread
-        (GPU records finish there once their device results have landed)."""
+        (GPU records finish there once their device results have landed). A plain record is
+        packed here, on the calling thread: a record waiting in the queue as Python objects
+        survives the cyclic collector's young-generation passes, which then promote and rescan
+        thousands of them per step, and packing on the writer thread takes the GIL from the
+        training for longer than packing here does."""
+        value = record if callable(record) else _packb(record)
         with self._lock:
-            self._pending.append(("ops", schema.op_key(index), record))
+            self._pending.append(("ops", schema.op_key(index), value))
             count = len(self._pending)
         # GPU records hold fingerprint ring space until packed: drain them in small batches.
         if count >= self._batch_size or (callable(record) and count % GPU_BATCH == 0):
@@ -133,6 +150,9 @@ class TraceWriter:
         for db, key, value in batch:
             if callable(value):
                 value = value()
+            elif db == "ops" and type(value) is bytes:  # packed by append()
+                by_db.setdefault(db, []).append((key, value))
+                continue
             by_db.setdefault(db, []).append((key, packb(value)))
         while True:
             try:
