@@ -284,7 +284,7 @@ class OpRecorder(TorchDispatchMode):
 
     def _input_entry(self, slot: str, tensor: torch.Tensor) -> Fields:
         entry = describe(tensor, slot)
-        known, exact = self._provenance.find(tensor)
+        known, exact = self._provenance.find(tensor, entry)
         fields: Fields | PendingFields | None = None
         if known is not None and exact and self.verify_inputs:
             fields = fingerprint_fields(tensor)
@@ -303,6 +303,7 @@ class OpRecorder(TorchDispatchMode):
                 fields = fingerprint_fields(tensor)
             self._provenance.remember(
                 tensor,
+                entry,
                 known.index if known else None,
                 known.slot if known else 0,
                 fields,
@@ -423,6 +424,7 @@ class OpRecorder(TorchDispatchMode):
             self.capture.take(index, OUTPUT, output_slot, slot, tensor)
         self._provenance.remember(
             tensor,
+            entry,
             index,
             output_slot,
             fields,

@@ -46,14 +46,20 @@ class Known:
     )
 
     def __init__(
-        self, tensor: torch.Tensor, ref: weakref.ref, index: int | None, slot: int, fields: Content
+        self,
+        tensor: torch.Tensor,
+        entry: Fields,
+        ref: weakref.ref,
+        index: int | None,
+        slot: int,
+        fields: Content,
     ) -> None:
         self.ref = ref
         self.index = index  # producing op, None for a leaf
         self.slot = slot
         self.version = version_of(tensor)
         self.fields = fields
-        self.geometry = geometry_of(tensor)
+        self.geometry = geometry_of(tensor, entry)
         self.ptr = self.geometry[0]
         self.nbytes = tensor.numel() * tensor.element_size()
         self.contiguous = tensor.is_contiguous()
@@ -73,8 +79,10 @@ def version_of(tensor: torch.Tensor) -> int:
         return -1
 
 
-def geometry_of(tensor: torch.Tensor) -> tuple[Any, ...]:
-    return (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
+def geometry_of(tensor: torch.Tensor, entry: Fields) -> tuple[Any, ...]:
+    """Address, dtype, sizes and strides: the last three as its trace entry already has them
+    (``describe``), read once per tensor instead of once per lookup."""
+    return (tensor.data_ptr(), entry["d"], entry["s"], entry.get("t"))
 
 
 def storage_of(tensor: torch.Tensor) -> int | None:
@@ -90,9 +98,9 @@ class Provenance:
         self._by_storage: dict[int, Known] = {}
         self._unsettled: list[tuple[torch.Tensor, Known]] = []
 
-    def find(self, tensor: torch.Tensor) -> tuple[Known | None, bool]:
-        """(what is known, whether it is exactly this tensor). Not exact: ``Known`` is the
-        storage's last write and ``tensor`` a view of it."""
+    def find(self, tensor: torch.Tensor, entry: Fields) -> tuple[Known | None, bool]:
+        """(what is known, whether it is exactly this tensor, whose trace entry is ``entry``).
+        Not exact: ``Known`` is the storage's last write and ``tensor`` a view of it."""
         known = self._by_object.get(id(tensor))
         if known is not None and known.ref() is tensor and known.valid_for(tensor):
             return known, True
@@ -104,12 +112,13 @@ class Provenance:
             and known.storage_ref() is not None
             and known.valid_for(tensor)
         ):
-            return known, known.geometry == geometry_of(tensor)
+            return known, known.geometry == geometry_of(tensor, entry)
         return None, False
 
     def remember(
         self,
         tensor: torch.Tensor,
+        entry: Fields,
         index: int | None,
         slot: int,
         fields: Content,
@@ -118,18 +127,18 @@ class Provenance:
         written: bool = False,
         owns_storage: bool = False,
     ) -> Known:
-        """Records what is known of ``tensor``: output ``slot`` of op ``index`` (None: a leaf).
-        ``owns_storage``: the tensor is its storage's latest content (a non-view output, or a
-        leaf read for the first time), so views of it can be derived."""
+        """Records what is known of ``tensor`` (trace entry ``entry``): output ``slot`` of op
+        ``index`` (None: a leaf). ``owns_storage``: the tensor is its storage's latest content
+        (a non-view output, or a leaf read for the first time), so views of it can be derived."""
         key = id(tensor)
         by_object, by_storage = self._by_object, self._by_storage
 
         def forget(ref: weakref.ref, key: int = key) -> None:
-            entry = by_object.get(key)
-            if entry is not None and entry.ref is ref:
+            known = by_object.get(key)
+            if known is not None and known.ref is ref:
                 del by_object[key]
 
-        known = Known(tensor, weakref.ref(tensor, forget), index, slot, fields)
+        known = Known(tensor, entry, weakref.ref(tensor, forget), index, slot, fields)
         by_object[key] = known
         if owns_storage:
             try:
@@ -139,8 +148,8 @@ class Provenance:
             address = known.storage = int(storage.data_ptr())
 
             def forget_storage(ref: weakref.ref, address: int = address) -> None:
-                entry = by_storage.get(address)
-                if entry is not None and entry.storage_ref is ref:
+                known = by_storage.get(address)
+                if known is not None and known.storage_ref is ref:
                     del by_storage[address]
 
             known.storage_ref = weakref.ref(storage, forget_storage)
