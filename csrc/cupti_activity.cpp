@@ -29,6 +29,8 @@ struct Api {
   decltype(&cuptiGetVersion) version = nullptr;
   decltype(&cuptiSubscribe) subscribe = nullptr;
   decltype(&cuptiEnableDomain) enable_domain = nullptr;
+  decltype(&cuptiEnableCallback) enable_callback = nullptr;  // optional: see subscribe_launches
+  decltype(&cuptiGetCallbackName) callback_name = nullptr;
 };
 
 // What a launching API call's GPU work is, by its correlation id.
@@ -222,6 +224,26 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
                    std::make_move_iterator(parsed.end()));
 }
 
+// Subscribes to the calls of `domain` that launch GPU work only. CUPTI calls back on every API
+// call of an enabled domain, and torch makes several that launch nothing for each op
+// (cudaGetDevice, stream and capture queries): each costs a callback on the recording
+// thread. Falls back to the whole domain when this libcupti cannot name its callbacks.
+CUptiResult subscribe_launches(State& s, CUpti_CallbackDomain domain) {
+  const uint32_t size = domain == CUPTI_CB_DOMAIN_RUNTIME_API ? CUPTI_RUNTIME_TRACE_CBID_SIZE
+                                                              : CUPTI_DRIVER_TRACE_CBID_SIZE;
+  if (s.api.enable_callback == nullptr || s.api.callback_name == nullptr) {
+    return s.api.enable_domain(1, s.subscriber, domain);
+  }
+  for (uint32_t cbid = 1; cbid < size; ++cbid) {
+    const char* name = nullptr;
+    if (s.api.callback_name(domain, cbid, &name) != CUPTI_SUCCESS || name == nullptr) continue;
+    if (launch_of(domain, cbid, name) == kNone) continue;
+    const CUptiResult r = s.api.enable_callback(1, s.subscriber, domain, cbid);
+    if (r != CUPTI_SUCCESS) return s.api.enable_domain(1, s.subscriber, domain);
+  }
+  return CUPTI_SUCCESS;
+}
+
 const CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
                                      CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET};
 
@@ -247,6 +269,8 @@ std::string start(const std::string& library) {
                     load(s.handle, "cuptiGetVersion", a.version) &&
                     load(s.handle, "cuptiSubscribe", a.subscribe) &&
                     load(s.handle, "cuptiEnableDomain", a.enable_domain);
+    load(s.handle, "cuptiEnableCallback", a.enable_callback);
+    load(s.handle, "cuptiGetCallbackName", a.callback_name);
     if (!ok) {
       dlclose(s.handle);
       s.handle = nullptr;
@@ -263,8 +287,8 @@ std::string start(const std::string& library) {
   CUptiResult r = s.api.register_callbacks(buffer_requested, buffer_completed);
   if (r == CUPTI_SUCCESS && s.subscriber == nullptr) {
     r = s.api.subscribe(&s.subscriber, on_api, nullptr);
-    if (r == CUPTI_SUCCESS) r = s.api.enable_domain(1, s.subscriber, CUPTI_CB_DOMAIN_RUNTIME_API);
-    if (r == CUPTI_SUCCESS) r = s.api.enable_domain(1, s.subscriber, CUPTI_CB_DOMAIN_DRIVER_API);
+    if (r == CUPTI_SUCCESS) r = subscribe_launches(s, CUPTI_CB_DOMAIN_RUNTIME_API);
+    if (r == CUPTI_SUCCESS) r = subscribe_launches(s, CUPTI_CB_DOMAIN_DRIVER_API);
   }
   for (CUpti_ActivityKind kind : kKinds) {
     if (r == CUPTI_SUCCESS) r = s.api.enable(kind);
