@@ -243,3 +243,32 @@ def test_triton_kernels_recorded_with_their_gpu_launches(tmp_path: Path) -> None
     first = diverged(*diff(tmp_path / "relu", tmp_path / "gelu"))
     assert first["cause"] == "replaced"
     assert "relu" in first["a"]["op"] and "gelu" in first["b"]["op"]
+
+
+def test_a_region_does_not_keep_its_inputs_alive(tmp_path: Path) -> None:
+    """Inductor frees a compiled region's inputs as it runs (it clears the argument list it is
+    given): a recorder holding them for the whole region raises the training's peak memory."""
+    import weakref
+
+    import torch
+
+    import opguard
+    from opguard.recorder.compiled import unit_info
+
+    alive_inside: list[bool] = []
+    first = torch.randn(64)
+    inputs = [first, torch.randn(64)]
+    first_ref = weakref.ref(first)
+    del first
+
+    def region(args: list[Any]) -> torch.Tensor:
+        args.clear()
+        alive_inside.append(first_ref() is not None)
+        return torch.ones(1)
+
+    with opguard.record(tmp_path / "run") as session:
+        recorder = session._recorder
+        assert recorder is not None
+        info = unit_info(recorder, "compiled::test.forward", ("inputs",))
+        recorder.record_call(info, region, (inputs,), {}, nested=True)
+    assert alive_inside == [False]

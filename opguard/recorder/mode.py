@@ -236,6 +236,11 @@ class OpRecorder(TorchDispatchMode):
             passed = set(names[: len(args)]).union(kwargs)
             arguments.extend([name, value] for name, value in info.defaults if name not in passed)
         rng = self._rng_state(kwargs.get("generator"), args, kwargs) if info.is_random else None
+        if not info.is_view:
+            # Only a view's outputs need their base. Holding it while the op runs would keep a
+            # compiled region's first input alive after Inductor frees it (it clears the
+            # argument list as it goes): 0.5 GiB more peak memory on a compiled GPT-2 step.
+            self._base = None
         return info, inputs, written, arguments, rng, self._pending, self._base, self._capturing
 
     def _classify(
