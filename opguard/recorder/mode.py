@@ -239,7 +239,7 @@ class OpRecorder(TorchDispatchMode):
         if not info.is_view:
             # Only a view's outputs need their base. Holding it while the op runs would keep a
             # compiled region's first input alive after Inductor frees it (it clears the
-            # argument list as it goes): 0.5 GiB more peak memory on a compiled GPT-2 step.
+            # argument list as it goes).
             self._base = None
         return info, inputs, written, arguments, rng, self._pending, self._base, self._capturing
 
