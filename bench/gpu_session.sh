@@ -3,6 +3,7 @@
 # then the GPU benchmarks, writing each output under $OUT (default ./gpu-out).
 #
 #   bash bench/gpu_session.sh [tests] [bench] [kernels] [ddp] [compile]   (default: all)
+#   bash bench/gpu_session.sh build                                         (only build)
 #
 # On a machine without lmdb, put its wheel in .whl/ first (see docs/PERFORMANCE.md).
 set -uo pipefail
@@ -43,6 +44,7 @@ for part in $parts; do
       python3 -m torch.distributed.run --standalone --nproc-per-node 2 "$ROOT/bench/overhead.py" --rounds 2 --steps 5 \
         --no-debugmode --json "$OUT/overhead_ddp.json" > "$OUT/overhead_ddp.txt" 2>&1
       grep -v Warning "$OUT/overhead_ddp.txt" | grep -B2 -A12 "Error\|GPT-2" | head -60 ;;
+    build) ;;  # the build above is all
     compile)
       python3 "$ROOT/bench/overhead.py" --compile --rounds 2 --steps 5 --no-debugmode \
         --json "$OUT/overhead_compile.json" > "$OUT/overhead_compile.txt" 2>&1
