@@ -11,8 +11,9 @@ import os
 import struct
 import subprocess
 import sys
+import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -457,7 +458,9 @@ async def test_runs_of_different_programs_get_a_notice(
     notes: list[str] = []
     async with app.run_test(size=SIZE) as pilot:
         app.notify = lambda message, **kw: notes.append(message)  # type: ignore[method-assign]
-        await _settle(pilot)
+        # The notice comes with the diff from its child process, which a loaded machine may
+        # not have started when the worker is first waited for.
+        await _settle_until(pilot, lambda: any("different programs" in note for note in notes))
         assert any("look like different programs" in note for note in notes), notes
 
 
@@ -478,6 +481,14 @@ async def _settle(pilot: Any) -> None:
     """Waits for background work, and for the detail pane (drawn once keys pause)."""
     await pilot.app.workers.wait_for_complete()
     await pilot.pause(SETTLE_SECONDS * 2)
+
+
+async def _settle_until(pilot: Any, condition: Callable[[], bool], timeout: float = 60) -> None:
+    """Settles until ``condition()`` holds or ``timeout`` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    await _settle(pilot)
+    while not condition() and time.monotonic() < deadline:
+        await _settle(pilot)
 
 
 async def _press(pilot: Any, *keys: str) -> None:

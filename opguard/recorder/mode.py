@@ -258,12 +258,14 @@ class OpRecorder(TorchDispatchMode):
             if name not in info.out_args:
                 self._add_input(inputs, name, value)
         elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+            # A _foreach_ op's lists hold one tensor per parameter: decide once per list.
+            is_written, is_read = name in info.written_args, name not in info.out_args
             for k, item in enumerate(value):
                 if isinstance(item, torch.Tensor):
                     slot = f"{name}[{k}]"
-                    if name in info.written_args:
+                    if is_written:
                         written.append((slot, item))
-                    if name not in info.out_args:
+                    if is_read:
                         self._add_input(inputs, slot, item)
         elif name != "generator":
             arguments.append([name, encode(value)])
