@@ -100,7 +100,8 @@ class TensorProbe {
     return entry_fields(fingerprint_cpu_releasing_gil(view, head_elements), d.kind);
   }
 
- private:
+  // Plain strided tensors with real storage on the CPU or a CUDA device (not meta, sparse,
+  // nested or subclasses): the tensors whose memory is read.
   bool readable(py::handle tensor) {
     bool plain = false;
     for (PyObject* type : plain_types_)
@@ -109,6 +110,7 @@ class TensorProbe {
            (is_true(attribute(tensor, is_cuda_attr_)) || is_true(attribute(tensor, is_cpu_attr_)));
   }
 
+ private:
   const DtypeInfo& dtype(const py::object& dtype) {
     auto found = dtypes_.find(dtype.ptr());
     if (found != dtypes_.end()) return found->second;
@@ -180,6 +182,8 @@ void bind_tensor_probe(py::module_& m) {
            py::arg("gpu"))
       .def("describe", &TensorProbe::describe, py::arg("tensor"), py::arg("slot"),
            "{'n': slot, 'd': dtype, 's': shape, 'v': device, 't': strides (strided only)}")
+      .def("readable", &TensorProbe::readable, py::arg("tensor"),
+           "Whether the tensor's memory can be read (plain, strided, on the CPU or a GPU).")
       .def("fingerprint", &TensorProbe::fingerprint, py::arg("tensor"), py::arg("head_elements"),
            "Content fields (CPU), a GpuTicket (CUDA, on the current stream) or None "
            "(unreadable memory).");

@@ -38,11 +38,7 @@ def describe(tensor: torch.Tensor, slot: str) -> dict[str, Any]:
 
 def is_readable(tensor: torch.Tensor) -> bool:
     """Plain strided tensors with real storage (not meta, sparse, nested or subclasses)."""
-    return (
-        (type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter)
-        and tensor.layout == torch.strided
-        and tensor.device.type in ("cpu", "cuda")
-    )
+    return bool(_PROBE.readable(tensor))
 
 
 Fields = dict[str, Any]
