@@ -1086,3 +1086,21 @@ def test_bad_record_input_is_one_line_exit_2(case: str, cli: dict[str, CliCase])
 
 def test_refused_overwrite_names_the_flag(cli: dict[str, CliCase]) -> None:
     assert "--overwrite" in cli["bad-non-empty-dir"].result.stderr
+
+
+def test_a_conjugated_view_is_not_taken_for_a_plain_one(tmp_path: Path) -> None:
+    """``z.conj()`` is a view whose values differ from its bytes (torch applies the conjugate
+    bit when reading): its fingerprint must differ from a plain view of the same memory, or the
+    op that reads it would be blamed for a difference its input already had."""
+    z = torch.tensor([1 + 2j, 3 - 4j])
+    with opguard.record(tmp_path / "run"):
+        torch.mul(z.conj(), 2)
+        torch.mul(z[:], 2)
+    ops = list(open_trace(tmp_path / "run").ops())
+    conj = _find(ops, "aten::_conj.default")
+    plain = _find(ops, "aten::slice.Tensor")
+    # torch materialises the conjugated view before mul reads it
+    reader = next(op for op in ops if op.inputs and op.inputs[0].producer == (conj.index, 0))
+    assert reader.inputs[0].hash != plain.outputs[0].hash
+    # read rather than derived: fingerprinted by its values, as the materialised copy is
+    assert reader.inputs[0].hash == reader.outputs[0].hash

@@ -26,7 +26,14 @@ from .collectives import is_collective, wait
 from .kernels import KernelActivity
 from .ops import OpInfo, op_info
 from .provenance import Provenance
-from .tensors import PendingFields, describe, fingerprint_fields, resolve_all, view_fields
+from .tensors import (
+    PendingFields,
+    describe,
+    fingerprint_fields,
+    has_lazy_bits,
+    resolve_all,
+    view_fields,
+)
 
 _BACKWARD = schema.PHASES.index("backward")
 _OPTIMIZER = schema.PHASES.index("optimizer")
@@ -304,7 +311,7 @@ class OpRecorder(TorchDispatchMode):
                 fields = known.fields  # an alias of memory nobody has written yet
             elif known is not None:  # a view of a known write, re-wrapped by C++ code
                 fields = view_fields(
-                    tensor, known.ptr, known.nbytes if known.contiguous else None, known.fields
+                    tensor, known.ptr, known.nbytes if known.derivable else None, known.fields
                 )
             if fields is None:
                 fields = fingerprint_fields(tensor)
@@ -405,7 +412,7 @@ class OpRecorder(TorchDispatchMode):
                 fields = view_fields(
                     tensor,
                     base.data_ptr(),
-                    _nbytes(base) if base.is_contiguous() else None,
+                    _nbytes(base) if base.is_contiguous() and not has_lazy_bits(base) else None,
                     base_fields,
                 )
             else:

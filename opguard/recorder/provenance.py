@@ -25,14 +25,14 @@ from typing import Any
 
 import torch
 
-from .tensors import Fields, PendingFields
+from .tensors import Fields, PendingFields, has_lazy_bits
 
 Content = Fields | PendingFields | None  # None: not read yet
 
 
 class Known:
     __slots__ = (
-        "contiguous",
+        "derivable",
         "fields",
         "geometry",
         "index",
@@ -62,7 +62,8 @@ class Known:
         self.geometry = geometry_of(tensor, entry)
         self.ptr = self.geometry[0]
         self.nbytes = tensor.numel() * tensor.element_size()
-        self.contiguous = tensor.is_contiguous()
+        # views of it get fingerprints derived from its own (see tensors.view_fields)
+        self.derivable = tensor.is_contiguous() and not has_lazy_bits(tensor)
         # Set when it holds its storage's latest content: the storage's address, kept alive.
         self.storage: int | None = None
         self.storage_ref: weakref.ref | None = None

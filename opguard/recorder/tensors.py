@@ -137,6 +137,13 @@ def _derived(base_hash: int, geometry: tuple[int, ...], nbytes: int) -> Fields:
     return {"h": int(_C.hash_buffer(packed)), "z": nbytes, "f": schema.FLAG_VIEW}
 
 
+def has_lazy_bits(tensor: torch.Tensor) -> bool:
+    """Whether the conjugate or negative bit is set: torch applies them when the tensor is
+    read, so its stored bytes are not its values, and the values of its views are not its
+    bytes rearranged."""
+    return bool(tensor.is_conj() or tensor.is_neg())
+
+
 def view_fields(
     view: torch.Tensor,
     base_ptr: int,
@@ -149,9 +156,12 @@ def view_fields(
     dtype, sizes, strides), so equal bases and equal geometry mean equal views: the derived hash
     keeps every comparison the diff makes, at no cost on the device. Returns None when the view
     reaches outside its base's bytes ``[base_ptr, base_ptr + base_nbytes)`` (None: the base is
-    not contiguous) or the base's content is unknown; the view is then read when an op uses it.
+    not contiguous, or has lazy bits), the view has lazy bits (:func:`has_lazy_bits`) or the
+    base's content is unknown; the view is then read when an op uses it.
     """
     if base_fields is None or base_nbytes is None or not is_readable(view):
+        return None
+    if has_lazy_bits(view):
         return None
     if isinstance(base_fields, dict) and "h" not in base_fields:
         return None
