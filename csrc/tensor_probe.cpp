@@ -74,9 +74,11 @@ class TensorProbe {
     py::dict entry;
     entry[key_slot_] = slot;
     entry[key_dtype_] = dtype(attribute(tensor, dtype_attr_)).name;
-    entry[key_shape_] = as_list(attribute(tensor, shape_attr_));
+    const bool nested = is_true(attribute(tensor, is_nested_attr_));
+    // a nested tensor has no single shape: its entry has none (its memory is not read either)
+    entry[key_shape_] = nested ? py::list() : as_list(attribute(tensor, shape_attr_));
     entry[key_device_] = device_name(tensor);
-    if (attribute(tensor, layout_attr_).is(strided_)) {
+    if (!nested && attribute(tensor, layout_attr_).is(strided_)) {
       entry[key_strides_] = as_list(call(tensor, stride_method_));
     }
     return entry;
@@ -107,6 +109,7 @@ class TensorProbe {
     for (PyObject* type : plain_types_)
       plain = plain || Py_TYPE(tensor.ptr()) == (PyTypeObject*)type;
     return plain && attribute(tensor, layout_attr_).is(strided_) &&
+           !is_true(attribute(tensor, is_nested_attr_)) &&
            (is_true(attribute(tensor, is_cuda_attr_)) || is_true(attribute(tensor, is_cpu_attr_)));
   }
 
@@ -166,7 +169,8 @@ class TensorProbe {
   py::str cpu_name_{"cpu"};
   py::str key_slot_{"n"}, key_dtype_{"d"}, key_shape_{"s"}, key_device_{"v"}, key_strides_{"t"};
   py::str dtype_attr_{"dtype"}, shape_attr_{"shape"}, layout_attr_{"layout"},
-      device_attr_{"device"}, is_cuda_attr_{"is_cuda"}, is_cpu_attr_{"is_cpu"};
+      device_attr_{"device"}, is_cuda_attr_{"is_cuda"}, is_cpu_attr_{"is_cpu"},
+      is_nested_attr_{"is_nested"};
   py::str stride_method_{"stride"}, data_ptr_method_{"data_ptr"}, get_device_method_{"get_device"},
       is_conj_method_{"is_conj"}, is_neg_method_{"is_neg"}, resolve_conj_method_{"resolve_conj"},
       resolve_neg_method_{"resolve_neg"};

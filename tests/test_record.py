@@ -1104,3 +1104,30 @@ def test_a_conjugated_view_is_not_taken_for_a_plain_one(tmp_path: Path) -> None:
     assert reader.inputs[0].hash != plain.outputs[0].hash
     # read rather than derived: fingerprinted by its values, as the materialised copy is
     assert reader.inputs[0].hash == reader.outputs[0].hash
+
+
+def test_tensors_without_readable_memory_are_recorded_and_recording_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Sparse, nested and meta tensors have no strided memory to read: their entries are
+    flagged unreadable (no fingerprint), and recording continues past them (it used to stop at
+    the first sparse tensor, whose data pointer torch refuses to give)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sparse invariants, nested tensors' prototype status
+        with opguard.record(tmp_path / "run"):
+            sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.tensor([1.0, 2.0]), (3,))
+            (sparse + sparse).to_dense()
+            (torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]) * 2).unbind()
+            torch.empty(3, device="meta") + 1
+            torch.ones(2) * 3  # recorded after them
+    run = Run(tmp_path / "run")
+    assert run.meta.get("recorder_failure") is None
+    ops = list(run.rank(0).ops())
+    unreadable = store_schema.FLAG_UNREADABLE
+    for name in ("aten::add.Tensor", "aten::mul.Tensor"):
+        op = _find(ops, name)
+        assert op.outputs[0].hash is None and op.outputs[0].flags & unreadable, op.to_json()
+    assert _find(ops, "aten::_to_dense.default").outputs[0].hash is not None
+    assert ops[-1].op == "aten::mul.Tensor" and ops[-1].outputs[0].hash is not None

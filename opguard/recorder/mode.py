@@ -30,9 +30,9 @@ from .tensors import (
     PendingFields,
     describe,
     fingerprint_fields,
-    has_lazy_bits,
     resolve_all,
     view_fields,
+    views_derive_from,
 )
 
 _BACKWARD = schema.PHASES.index("backward")
@@ -409,10 +409,11 @@ class OpRecorder(TorchDispatchMode):
                 fields = {"f": schema.FLAG_UNINITIALIZED}
             elif self._base is not None:
                 base, base_fields = self._base
+                derivable = views_derive_from(base)
                 fields = view_fields(
                     tensor,
-                    base.data_ptr(),
-                    _nbytes(base) if base.is_contiguous() and not has_lazy_bits(base) else None,
+                    base.data_ptr() if derivable else 0,
+                    _nbytes(base) if derivable else None,
                     base_fields,
                 )
             else:

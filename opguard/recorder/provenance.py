@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .tensors import Fields, PendingFields, has_lazy_bits
+from .tensors import Fields, PendingFields, address_of, views_derive_from
 
 Content = Fields | PendingFields | None  # None: not read yet
 
@@ -62,8 +62,7 @@ class Known:
         self.geometry = geometry_of(tensor, entry)
         self.ptr = self.geometry[0]
         self.nbytes = tensor.numel() * tensor.element_size()
-        # views of it get fingerprints derived from its own (see tensors.view_fields)
-        self.derivable = tensor.is_contiguous() and not has_lazy_bits(tensor)
+        self.derivable = views_derive_from(tensor)
         # Set when it holds its storage's latest content: the storage's address, kept alive.
         self.storage: int | None = None
         self.storage_ref: weakref.ref | None = None
@@ -83,7 +82,7 @@ def version_of(tensor: torch.Tensor) -> int:
 def geometry_of(tensor: torch.Tensor, entry: Fields) -> tuple[Any, ...]:
     """Address, dtype, sizes and strides: the last three as its trace entry already has them
     (``describe``), read once per tensor instead of once per lookup."""
-    return (tensor.data_ptr(), entry["d"], entry["s"], entry.get("t"))
+    return (address_of(tensor), entry["d"], entry["s"], entry.get("t"))
 
 
 def storage_of(tensor: torch.Tensor) -> int | None:

@@ -144,6 +144,21 @@ def has_lazy_bits(tensor: torch.Tensor) -> bool:
     return bool(tensor.is_conj() or tensor.is_neg())
 
 
+def views_derive_from(tensor: torch.Tensor) -> bool:
+    """Whether views of ``tensor`` can take fingerprints derived from its own: its memory is
+    read (:func:`is_readable`), it is contiguous and it has no lazy bits."""
+    return is_readable(tensor) and tensor.is_contiguous() and not has_lazy_bits(tensor)
+
+
+def address_of(tensor: torch.Tensor) -> int | None:
+    """The address of the tensor's first element; None when it has no storage (sparse and
+    nested tensors, some subclasses)."""
+    try:
+        return int(tensor.data_ptr())
+    except RuntimeError:
+        return None
+
+
 def view_fields(
     view: torch.Tensor,
     base_ptr: int,
