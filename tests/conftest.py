@@ -17,13 +17,18 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def opguard_cmd(*args: str) -> list[str]:
+    """The command line of ``opguard ARGS`` as a user runs it (``python -m opguard``)."""
+    return [sys.executable, "-m", "opguard", *args]
+
+
 def run_cli(
     *args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Runs ``opguard ARGS`` as a user would (``python -m opguard``), capturing output. Never
     from the repository root, where the source tree would shadow the installed package."""
     return subprocess.run(
-        [sys.executable, "-m", "opguard", *args],
+        opguard_cmd(*args),
         cwd=cwd or tempfile.gettempdir(),
         capture_output=True,
         text=True,

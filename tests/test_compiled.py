@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli
+from conftest import opguard_cmd, run_cli
 from scenario_runs import COMPILED, Recordings, session_recordings
 from test_scenarios import diff, diverged, identical, line_of
 
@@ -212,10 +212,7 @@ def test_triton_kernels_recorded_with_their_gpu_launches(tmp_path: Path) -> None
     names = ("relu", "gelu")
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "opguard",
+            opguard_cmd(
                 "record",
                 "-o",
                 str(tmp_path / name),
@@ -225,7 +222,7 @@ def test_triton_kernels_recorded_with_their_gpu_launches(tmp_path: Path) -> None
                 "cuda",
                 "--activation",
                 name,
-            ],
+            ),
             cwd=tmp_path,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -19,7 +19,6 @@ import random
 import resource
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,7 @@ from typing import Any
 
 import pytest
 from conftest import cli_in_process as cli
+from conftest import opguard_cmd
 
 from opguard.analysis import diff_runs
 from opguard.analysis.contract import to_json
@@ -47,10 +47,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def record_command(run_dir: Path, *script_args: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "opguard",
+    return opguard_cmd(
         "record",
         "-o",
         str(run_dir),
@@ -60,7 +57,7 @@ def record_command(run_dir: Path, *script_args: str) -> list[str]:
         "--sleep",
         SLEEP,
         *script_args,
-    ]
+    )
 
 
 def losses(stdout: str) -> list[str]:

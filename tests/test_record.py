@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
+from conftest import opguard_cmd, run_cli
 
 import opguard
 import opguard.recorder.mode as recorder_mode
@@ -71,10 +71,6 @@ def losses(stdout: str) -> list[str]:
 def one_line(text: str) -> str:
     """Output with any line wrapping undone."""
     return " ".join(text.split())
-
-
-def opguard_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "opguard", *args]
 
 
 def open_trace(run_dir: Path) -> RankTrace:

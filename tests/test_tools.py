@@ -20,7 +20,7 @@ import anyio
 import lmdb
 import msgpack
 import pytest
-from conftest import REPO, run_cli
+from conftest import REPO, opguard_cmd, run_cli
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.types import CallToolResult, TextContent
 from test_imports import cli_without
@@ -55,10 +55,7 @@ def runs(demo_runs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory)
     captured = {"CA": root / "capture-a", "CB": root / "capture-b"}
     recordings = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "opguard",
+            opguard_cmd(
                 "record",
                 "-o",
                 str(out),
@@ -68,7 +65,7 @@ def runs(demo_runs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory)
                 "1",
                 "--",
                 str(DEMO / f"train_{script}.py"),
-            ],
+            ),
             cwd=root,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -7,12 +7,12 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import opguard_cmd
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
@@ -55,11 +55,7 @@ def terminal(demo_runs: tuple[Path, Path]) -> Iterator[None]:
             "COLUMNS",
             "-u",
             "LINES",
-            sys.executable,
-            "-m",
-            "opguard",
-            "tui",
-            *map(str, demo_runs),
+            *opguard_cmd("tui", *map(str, demo_runs)),
         ]
     )
     tmux("new-session", "-d", "-s", SESSION, "-x", "160", "-y", "48", command)
