@@ -27,9 +27,9 @@ MAP_SIZE = 1 << 40
 Packer = Callable[[], Any]
 
 
-_packers = (
-    threading.local()
-)  # a Packer is not thread-safe, and building one costs as much as packing
+# One msgpack Packer per thread: a Packer is not thread-safe, and building one costs as much as
+# packing a record.
+_packers = threading.local()
 
 
 def _packb(value: Any) -> bytes:
@@ -141,7 +141,6 @@ class TraceWriter:
 
     def _commit(self, batch: list[tuple[str, bytes, Any]]) -> None:
         started = time.perf_counter()
-        packb = msgpack.Packer(use_bin_type=True).pack
         if self.prepare_deferred is not None:
             deferred = [value for db, _, value in batch if db == "ops" and callable(value)]
             if deferred:
@@ -153,7 +152,7 @@ class TraceWriter:
             elif db == "ops" and type(value) is bytes:  # packed by append()
                 by_db.setdefault(db, []).append((key, value))
                 continue
-            by_db.setdefault(db, []).append((key, packb(value)))
+            by_db.setdefault(db, []).append((key, _packb(value)))
         while True:
             try:
                 with self._env.begin(write=True) as txn:
@@ -162,7 +161,7 @@ class TraceWriter:
                             for key, value in items:
                                 old = txn.get(key, db=self._dbs[db])
                                 if old is not None:
-                                    value = packb(msgpack.unpackb(old) + msgpack.unpackb(value))
+                                    value = _packb(msgpack.unpackb(old) + msgpack.unpackb(value))
                                 txn.put(key, value, db=self._dbs[db])
                             continue
                         with txn.cursor(db=self._dbs[db]) as cursor:
