@@ -62,10 +62,11 @@ class Known:
         self.geometry = geometry_of(tensor, entry)
         self.ptr = self.geometry[0]
         self.nbytes = tensor.numel() * tensor.element_size()
-        self.derivable = views_derive_from(tensor)
-        # Set when it holds its storage's latest content: the storage's address, kept alive.
+        # Set when it holds its storage's latest content: the storage's address, kept alive,
+        # and whether views of it (found by storage) take fingerprints derived from its own.
         self.storage: int | None = None
         self.storage_ref: weakref.ref | None = None
+        self.derivable = False
 
     def valid_for(self, tensor: torch.Tensor) -> bool:
         return self.version >= 0 and self.version == version_of(tensor)
@@ -146,6 +147,7 @@ class Provenance:
             except RuntimeError:  # no storage (meta, sparse, nested, some subclasses)
                 return known
             address = known.storage = int(storage.data_ptr())
+            known.derivable = views_derive_from(tensor)
 
             def forget_storage(ref: weakref.ref, address: int = address) -> None:
                 known = by_storage.get(address)
