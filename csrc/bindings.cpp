@@ -8,6 +8,8 @@
 #include "callstack.h"
 #include "fingerprint_cpu.h"
 #include "opscan.h"
+#include "pending.h"
+#include "provenance.h"
 #include "results.h"
 #include "tensor_probe.h"
 #if OPGUARD_WITH_CUDA
@@ -50,44 +52,14 @@ uint64_t hash_buffer(py::buffer buffer) {
 #if OPGUARD_WITH_CUDA
 void bind_cuda(py::module_& m) {
   using opguard::cuda::GpuFingerprinter;
-  using opguard::cuda::Ticket;
-  py::class_<Ticket>(m, "GpuTicket")
-      .def_readonly("seq", &Ticket::seq)
-      .def_readonly("kind", &Ticket::kind);
   py::class_<GpuFingerprinter>(m, "GpuFingerprinter",
                                "Fingerprints device tensors on their stream, without syncing.")
       .def(py::init<uint64_t, uint64_t>(), py::arg("partial_capacity") = 1 << 20,
            py::arg("head_capacity") = 1 << 17)
-      .def("ready", &GpuFingerprinter::ready)
-      .def(
-          "collect",
-          [](GpuFingerprinter& self, const Ticket& ticket, double timeout_s) {
-            Fingerprint fp;
-            {
-              py::gil_scoped_release release;
-              fp = self.collect(ticket, timeout_s);
-            }
-            return opguard::entry_fields(fp, static_cast<Kind>(ticket.kind));
-          },
-          py::arg("ticket"), py::arg("timeout_s") = 600.0)
-      .def(
-          "collect_many",
-          [](GpuFingerprinter& self, const std::vector<Ticket>& tickets, double timeout_s) {
-            std::vector<Fingerprint> fps;
-            fps.reserve(tickets.size());
-            {  // one GIL release for the whole batch, not one per tensor
-              py::gil_scoped_release release;
-              for (const Ticket& t : tickets) fps.push_back(self.collect(t, timeout_s));
-            }
-            py::list out;
-            for (size_t i = 0; i < tickets.size(); ++i) {
-              out.append(opguard::entry_fields(fps[i], static_cast<Kind>(tickets[i].kind)));
-            }
-            return out;
-          },
-          py::arg("tickets"), py::arg("timeout_s") = 600.0,
-          "collect() of every ticket, in order, waiting without the GIL once.")
-      .def_property_readonly("launches", &GpuFingerprinter::launches);
+      .def_property_readonly("launches", &GpuFingerprinter::launches,
+                             "Tensors fingerprinted so far.")
+      .def_property_readonly("kernel_launches", &GpuFingerprinter::kernel_launches,
+                             "Kernel launches so far (a _foreach_ op's list shares one).");
 
   namespace cupti = opguard::cupti;
   m.def("cupti_start", &cupti::start, py::arg("library"),
@@ -174,6 +146,8 @@ PYBIND11_MODULE(_C, m) {
   opguard::bind_opscan(m);
   opguard::bind_callstack(m);
   opguard::bind_tensor_probe(m);
+  opguard::bind_pending(m);
+  opguard::bind_provenance(m);
 #if OPGUARD_WITH_CUDA
   bind_cuda(m);
 #endif

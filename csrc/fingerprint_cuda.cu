@@ -35,6 +35,27 @@ struct Args {
   uint64_t seq;
 };
 
+// One tensor of a multi-tensor launch: contiguous, its kind and item size the launch's.
+struct Piece {
+  const uint8_t* data;
+  uint64_t nbytes;
+  Partial* partials;
+  uint8_t* head;
+  uint64_t seq;
+  int32_t head_bytes;
+  uint32_t blocks;
+};
+
+constexpr int kMaxPieces = 64;  // keeps MultiArgs within the 4 KiB of kernel parameters
+
+struct MultiArgs {
+  Piece pieces[kMaxPieces];
+  uint32_t first_block[kMaxPieces];
+  int32_t count;
+  int32_t itemsize;
+  int32_t kind;
+};
+
 void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) {
     throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
@@ -183,7 +204,7 @@ __device__ __forceinline__ T warp_max(T v) {
 
 // Reduces the block's hash and stats in a fixed tree and publishes them as one partial.
 template <typename Acc>
-__device__ void publish(const Args& a, uint64_t hash, const ThreadStats<Acc>& st) {
+__device__ void publish(const Args& a, uint32_t block, uint64_t hash, const ThreadStats<Acc>& st) {
   __shared__ uint64_t s_hash[kThreads / 32];
   __shared__ double s_min[kThreads / 32], s_max[kThreads / 32], s_amax[kThreads / 32],
       s_sum[kThreads / 32];
@@ -216,7 +237,7 @@ __device__ void publish(const Args& a, uint64_t hash, const ThreadStats<Acc>& st
       nn += s_nan[w];
       ni += s_inf[w];
     }
-    Partial* out = a.partials + blockIdx.x;
+    Partial* out = a.partials + block;
     out->hash = h;
     out->min = mn;
     out->max = mx;
@@ -230,8 +251,8 @@ __device__ void publish(const Args& a, uint64_t hash, const ThreadStats<Acc>& st
 }
 
 // Block 0 copies the first bytes of the logical stream for the host to show.
-__device__ __forceinline__ void write_head(const Args& a, bool contiguous) {
-  if (blockIdx.x == 0 && threadIdx.x < a.head_bytes) {
+__device__ __forceinline__ void write_head(const Args& a, uint32_t block, bool contiguous) {
+  if (block == 0 && threadIdx.x < a.head_bytes) {
     const int b = threadIdx.x;
     const uint8_t* src =
         contiguous ? a.data + b : a.data + element_offset(a, b / a.itemsize) + b % a.itemsize;
@@ -240,13 +261,16 @@ __device__ __forceinline__ void write_head(const Args& a, bool contiguous) {
   }
 }
 
+// Block `block` of the `blocks` that fingerprint tensor `a`: which words a thread reads (and so
+// the partials) depends only on these, so a tensor fingerprinted alone or with others in one
+// launch (multi_kernel) gets bit-identical results.
 template <int K, bool kContiguous>
-__global__ void __launch_bounds__(kThreads) fingerprint_kernel(const Args a) {
+__device__ __forceinline__ void fingerprint_blocks(const Args& a, uint32_t block, uint32_t blocks) {
   using Acc = typename Decode<K>::Acc;
   ThreadStats<Acc> st;
   uint64_t hash = 0;
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * kThreads;
-  uint64_t j = static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const uint64_t stride = static_cast<uint64_t>(blocks) * kThreads;
+  uint64_t j = static_cast<uint64_t>(block) * kThreads + threadIdx.x;
   if (kContiguous && (reinterpret_cast<uintptr_t>(a.data) & 15) == 0) {
     // Main body: 16-byte loads, two words each, four loads in flight per thread.
     const uint64_t pairs = a.nbytes / 16;
@@ -286,8 +310,45 @@ __global__ void __launch_bounds__(kThreads) fingerprint_kernel(const Args a) {
     hash += mix_word(w, j);
     word_stats<K>(w, valid, a, st);
   }
-  write_head(a, kContiguous);
-  publish<Acc>(a, hash, st);
+  write_head(a, block, kContiguous);
+  publish<Acc>(a, block, hash, st);
+}
+
+template <int K, bool kContiguous>
+__global__ void __launch_bounds__(kThreads) fingerprint_kernel(const Args a) {
+  fingerprint_blocks<K, kContiguous>(a, blockIdx.x, gridDim.x);
+}
+
+// Contiguous tensors of one kind fingerprinted in one launch (a _foreach_ op's list: AdamW's
+// 148 parameters of GPT-2 took 148 launches per list): each tensor gets the blocks its own
+// launch would have, and a block finds its tensor by bisecting the first-block table.
+template <int K>
+__global__ void __launch_bounds__(kThreads) multi_kernel(const MultiArgs m) {
+  int lo = 0, hi = m.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (m.first_block[mid] <= blockIdx.x) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const Piece& p = m.pieces[lo];
+  Args a;
+  a.data = p.data;
+  a.nbytes = p.nbytes;
+  a.nwords = (p.nbytes + 7) / 8;
+  a.numel = p.nbytes / m.itemsize;
+  a.ndim = 1;
+  a.sizes[0] = static_cast<int64_t>(a.numel);
+  a.strides[0] = 1;
+  a.itemsize = m.itemsize;
+  a.kind = m.kind;
+  a.head_bytes = p.head_bytes;
+  a.partials = p.partials;
+  a.head = p.head;
+  a.seq = p.seq;
+  fingerprint_blocks<K, true>(a, blockIdx.x - m.first_block[lo], p.blocks);
 }
 
 // Tensors whose innermost dimension is contiguous and holds whole 8-byte words, with the outer
@@ -320,25 +381,29 @@ __global__ void __launch_bounds__(kThreads) rows_kernel(const Args a) {
       word_stats<K>(word, 8, a, st);
     }
   }
-  write_head(a, false);
-  publish<Acc>(a, hash, st);
+  write_head(a, blockIdx.x, false);
+  publish<Acc>(a, blockIdx.x, hash, st);
 }
 
 using KernelFn = void (*)(const Args);
+using MultiFn = void (*)(const MultiArgs);
 
 enum class Layout { Contiguous, Rows, Strided };
 
-template <int K>
-KernelFn pick(Layout layout) {
-  switch (layout) {
-    case Layout::Contiguous:
-      return fingerprint_kernel<K, true>;
-    case Layout::Rows:
-      return rows_kernel<K>;
-    case Layout::Strided:
-      break;
+// The kernels of one element kind.
+struct Kernels {
+  KernelFn contiguous, rows, strided;
+  MultiFn multi;
+
+  KernelFn pick(Layout layout) const {
+    return layout == Layout::Contiguous ? contiguous : layout == Layout::Rows ? rows : strided;
   }
-  return fingerprint_kernel<K, false>;
+};
+
+template <int K>
+Kernels kernels_of() {
+  return Kernels{fingerprint_kernel<K, true>, rows_kernel<K>, fingerprint_kernel<K, false>,
+                 multi_kernel<K>};
 }
 
 // Rows when the innermost dimension is contiguous, holds whole words, and every row starts on
@@ -355,34 +420,30 @@ Layout layout_of(const uint8_t* data, int64_t itemsize, const std::vector<int64_
   return Layout::Rows;
 }
 
-KernelFn kernel_for(Kind kind, Layout layout) {
+Kernels kernels_for(Kind kind) {
   switch (kind) {
-    case Kind::Float32:
-      return pick<static_cast<int>(Kind::Float32)>(layout);
-    case Kind::BFloat16:
-      return pick<static_cast<int>(Kind::BFloat16)>(layout);
-    case Kind::Float16:
-      return pick<static_cast<int>(Kind::Float16)>(layout);
-    case Kind::Float64:
-      return pick<static_cast<int>(Kind::Float64)>(layout);
 #define OPG_GENERIC(K) \
   case Kind::K:        \
-    return pick<static_cast<int>(Kind::K)>(layout);
-      OPG_GENERIC(Opaque)
-      OPG_GENERIC(Bool)
-      OPG_GENERIC(UInt)
-      OPG_GENERIC(Int)
-      OPG_GENERIC(Complex32)
-      OPG_GENERIC(Complex64)
-      OPG_GENERIC(Complex128)
-      OPG_GENERIC(F8E4M3FN)
-      OPG_GENERIC(F8E4M3FNUZ)
-      OPG_GENERIC(F8E5M2)
-      OPG_GENERIC(F8E5M2FNUZ)
-      OPG_GENERIC(F8E8M0FNU)
+    return kernels_of<static_cast<int>(Kind::K)>();
+    OPG_GENERIC(Float32)
+    OPG_GENERIC(BFloat16)
+    OPG_GENERIC(Float16)
+    OPG_GENERIC(Float64)
+    OPG_GENERIC(Opaque)
+    OPG_GENERIC(Bool)
+    OPG_GENERIC(UInt)
+    OPG_GENERIC(Int)
+    OPG_GENERIC(Complex32)
+    OPG_GENERIC(Complex64)
+    OPG_GENERIC(Complex128)
+    OPG_GENERIC(F8E4M3FN)
+    OPG_GENERIC(F8E4M3FNUZ)
+    OPG_GENERIC(F8E5M2)
+    OPG_GENERIC(F8E5M2FNUZ)
+    OPG_GENERIC(F8E8M0FNU)
 #undef OPG_GENERIC
   }
-  return pick<static_cast<int>(Kind::Opaque)>(layout);
+  return kernels_of<static_cast<int>(Kind::Opaque)>();
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -439,7 +500,7 @@ void GpuFingerprinter::reclaim() {
   }
 }
 
-bool GpuFingerprinter::wait_for_space(uint64_t blocks, double timeout_s) {
+bool GpuFingerprinter::wait_for_space(uint64_t blocks, uint64_t heads, double timeout_s) {
   const auto t0 = std::chrono::steady_clock::now();
   while (true) {
     {
@@ -451,7 +512,7 @@ bool GpuFingerprinter::wait_for_space(uint64_t blocks, double timeout_s) {
       const uint64_t offset = start % partial_capacity_;
       if (offset + blocks > partial_capacity_) start += partial_capacity_ - offset;
       const bool partials_free = start + blocks - partial_tail_ <= partial_capacity_;
-      const bool heads_free = head_next_ + 1 - head_tail_ <= head_capacity_;
+      const bool heads_free = head_next_ + heads - head_tail_ <= head_capacity_;
       if (partials_free && heads_free) {
         partial_head_ = start;
         return true;
@@ -462,9 +523,17 @@ bool GpuFingerprinter::wait_for_space(uint64_t blocks, double timeout_s) {
   }
 }
 
-Ticket GpuFingerprinter::launch(const TensorView& view, int device, uintptr_t stream,
-                                int64_t head_elements, double timeout_s) {
+// How one tensor is fingerprinted: its kernel arguments (ring slots still unset), layout and
+// number of blocks.
+struct Plan {
   Args a{};
+  Layout layout = Layout::Contiguous;
+  uint64_t blocks = 1;
+};
+
+Plan GpuFingerprinter::plan(const TensorView& view, int64_t head_elements) const {
+  Plan p;
+  Args& a = p.a;
   std::vector<int64_t> sizes, strides;
   coalesce(view, sizes, strides);
   uint64_t numel = 1;
@@ -472,7 +541,7 @@ Ticket GpuFingerprinter::launch(const TensorView& view, int device, uintptr_t st
   if (sizes.size() > static_cast<size_t>(kMaxDims)) {
     throw std::runtime_error("tensor has more than 16 non-mergeable dimensions");
   }
-  const Layout layout = layout_of(view.data, view.itemsize, sizes, strides);
+  p.layout = layout_of(view.data, view.itemsize, sizes, strides);
   a.data = view.data;
   a.itemsize = static_cast<int32_t>(view.itemsize);
   a.kind = static_cast<int32_t>(view.kind);
@@ -487,58 +556,150 @@ Ticket GpuFingerprinter::launch(const TensorView& view, int device, uintptr_t st
   a.head_bytes = static_cast<int32_t>(
       std::min<uint64_t>(a.nbytes, static_cast<uint64_t>(head_elements) * view.itemsize));
   a.head_bytes = std::min(a.head_bytes, kHeadBytes);
-
   // Four blocks per SM keep enough loads in flight for DRAM while bounding the partials each
   // launch writes and the host reduces.
   const uint64_t per_block = static_cast<uint64_t>(kThreads) * 8;  // words per block per pass
-  const uint64_t blocks = std::max<uint64_t>(
+  p.blocks = std::max<uint64_t>(
       1, std::min<uint64_t>(max_blocks_, (a.nwords + per_block - 1) / per_block));
-  if (!wait_for_space(blocks, timeout_s)) {
+  return p;
+}
+
+Ticket GpuFingerprinter::issue(Plan& p) {
+  Ticket t;
+  t.seq = ++seq_;
+  t.first = partial_head_;
+  t.blocks = static_cast<uint32_t>(p.blocks);
+  t.head_slot = head_next_;
+  partial_head_ += p.blocks;
+  head_next_ += 1;
+  outstanding_.push_back({t.seq, t.first, p.blocks, t.head_slot, false});
+  t.nbytes = p.a.nbytes;
+  t.numel = p.a.numel;
+  t.itemsize = p.a.itemsize;
+  t.kind = p.a.kind;
+  t.head_bytes = p.a.head_bytes;
+  p.a.partials = partials_ + (t.first % partial_capacity_);
+  p.a.head = heads_ + (t.head_slot % head_capacity_) * kHeadBytes;
+  p.a.seq = t.seq;
+  return t;
+}
+
+namespace {
+
+// Runs `launch` on `device` as OpGuard's own GPU work (never reported as another op's).
+template <typename Launch>
+void on_device(int device, Launch launch) {
+  const cupti::OwnWork own;
+  int current = -1;
+  check(cudaGetDevice(&current), "cudaGetDevice");
+  if (current != device) check(cudaSetDevice(device), "cudaSetDevice");
+  launch();
+  const cudaError_t err = cudaGetLastError();
+  if (current != device) cudaSetDevice(current);
+  check(err, "launching the fingerprint kernel");
+}
+
+}  // namespace
+
+Ticket GpuFingerprinter::launch(const TensorView& view, int device, uintptr_t stream,
+                                int64_t head_elements, double timeout_s) {
+  Plan p = plan(view, head_elements);
+  return launch_planned(p, device, stream, timeout_s);
+}
+
+Ticket GpuFingerprinter::launch_planned(Plan& p, int device, uintptr_t stream, double timeout_s) {
+  if (!wait_for_space(p.blocks, 1, timeout_s)) {
     if (timeout_s <= 0) return Ticket{};
     throw std::runtime_error("fingerprint results were not collected in time (ring full)");
   }
   Ticket t;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    t.seq = ++seq_;
-    t.first = partial_head_;
-    t.blocks = static_cast<uint32_t>(blocks);
-    t.head_slot = head_next_;
-    partial_head_ += blocks;
-    head_next_ += 1;
-    outstanding_.push_back({t.seq, t.first, blocks, t.head_slot, false});
+    t = issue(p);
   }
-  t.nbytes = a.nbytes;
-  t.numel = numel;
-  t.itemsize = a.itemsize;
-  t.kind = a.kind;
-  t.head_bytes = a.head_bytes;
-  a.partials = partials_ + (t.first % partial_capacity_);
-  a.head = heads_ + (t.head_slot % head_capacity_) * kHeadBytes;
-  a.seq = t.seq;
-  if (numel == 0) {  // nothing to read: complete on the host
-    for (uint64_t b = 0; b < blocks; ++b) {
-      Partial& p = a.partials[b];
-      p.hash = 0;
-      p.min = INFINITY;
-      p.max = -INFINITY;
-      p.absmax = 0;
-      p.sum = 0;
-      p.nan = p.inf = 0;
-      p.seq = a.seq;
+  const Args& a = p.a;
+  if (a.numel == 0) {  // nothing to read: complete on the host
+    for (uint64_t b = 0; b < p.blocks; ++b) {
+      Partial& partial = a.partials[b];
+      partial.hash = 0;
+      partial.min = INFINITY;
+      partial.max = -INFINITY;
+      partial.absmax = 0;
+      partial.sum = 0;
+      partial.nan = partial.inf = 0;
+      partial.seq = a.seq;
     }
     return t;
   }
-  const cupti::OwnWork own;  // OpGuard's launch: never reported as another op's GPU work
-  int current = -1;
-  check(cudaGetDevice(&current), "cudaGetDevice");
-  if (current != device) check(cudaSetDevice(device), "cudaSetDevice");
-  kernel_for(view.kind, layout)<<<static_cast<unsigned>(blocks), kThreads, 0,
-                                  reinterpret_cast<cudaStream_t>(stream)>>>(a);
-  const cudaError_t err = cudaGetLastError();
-  if (current != device) cudaSetDevice(current);
-  check(err, "launching the fingerprint kernel");
+  const KernelFn kernel = kernels_for(static_cast<Kind>(a.kind)).pick(p.layout);
+  ++kernel_launches_;
+  on_device(device, [&] {
+    kernel<<<static_cast<unsigned>(p.blocks), kThreads, 0,
+             reinterpret_cast<cudaStream_t>(stream)>>>(a);
+  });
   return t;
+}
+
+size_t GpuFingerprinter::launch_many(const std::vector<TensorView>& views, int device,
+                                     uintptr_t stream, int64_t head_elements, double timeout_s,
+                                     std::vector<Ticket>* tickets) {
+  const size_t start = tickets->size();
+  std::vector<Plan> run;
+  size_t i = 0;
+  while (i < views.size()) {
+    // a run of contiguous, non-empty tensors of one kind shares a launch
+    run.clear();
+    for (size_t j = i; j < views.size() && run.size() < kMaxPieces; ++j) {
+      Plan p = plan(views[j], head_elements);
+      const bool joins = p.layout == Layout::Contiguous && p.a.numel > 0 &&
+                         (run.empty() || p.a.kind == run.front().a.kind);
+      if (!joins && !run.empty()) break;
+      run.push_back(p);
+      if (!joins) break;
+    }
+    if (run.size() == 1) {
+      const Ticket t = launch_planned(run.front(), device, stream, timeout_s);
+      if (t.seq == 0) break;
+      tickets->push_back(t);
+      ++i;
+      continue;
+    }
+    uint64_t blocks = 0;
+    for (const Plan& p : run) blocks += p.blocks;
+    if (!wait_for_space(blocks, run.size(), timeout_s)) {
+      if (timeout_s <= 0) break;
+      throw std::runtime_error("fingerprint results were not collected in time (ring full)");
+    }
+    MultiArgs m{};
+    m.count = static_cast<int32_t>(run.size());
+    m.itemsize = run.front().a.itemsize;
+    m.kind = run.front().a.kind;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      uint32_t first = 0;
+      for (size_t k = 0; k < run.size(); ++k) {
+        tickets->push_back(issue(run[k]));
+        const Args& a = run[k].a;
+        m.pieces[k] = Piece{a.data,
+                            a.nbytes,
+                            a.partials,
+                            a.head,
+                            a.seq,
+                            a.head_bytes,
+                            static_cast<uint32_t>(run[k].blocks)};
+        m.first_block[k] = first;
+        first += static_cast<uint32_t>(run[k].blocks);
+      }
+    }
+    const MultiFn kernel = kernels_for(static_cast<Kind>(m.kind)).multi;
+    ++kernel_launches_;
+    on_device(device, [&] {
+      kernel<<<static_cast<unsigned>(blocks), kThreads, 0,
+               reinterpret_cast<cudaStream_t>(stream)>>>(m);
+    });
+    i += run.size();
+  }
+  return tickets->size() - start;
 }
 
 bool GpuFingerprinter::ready(const Ticket& t) const {

@@ -44,6 +44,8 @@ struct Ticket {
   int head_bytes = 0;
 };
 
+struct Plan;  // how one tensor is fingerprinted (fingerprint_cuda.cu)
+
 // Owns the mapped result rings. launch() runs on the thread that ran the op, collect() on the
 // trace writer's thread; the ring bookkeeping is guarded by a mutex.
 class GpuFingerprinter {
@@ -59,14 +61,24 @@ class GpuFingerprinter {
   // without holding locks the collecting thread needs, e.g. Python's GIL).
   Ticket launch(const TensorView& view, int device, uintptr_t stream, int64_t head_elements,
                 double timeout_s);
+  // launch() of each view, in order, all on `device` and `stream`; runs of contiguous tensors
+  // of one kind share one kernel launch (results identical to launching them one by one).
+  // Appends their tickets; returns how many were launched: all, or with a zero timeout and
+  // full rings, those before the first that found no space.
+  size_t launch_many(const std::vector<TensorView>& views, int device, uintptr_t stream,
+                     int64_t head_elements, double timeout_s, std::vector<Ticket>* tickets);
   bool ready(const Ticket& t) const;
   // Waits for the ticket's kernels, reduces the partials in block order, frees ring space.
   Fingerprint collect(const Ticket& t, double timeout_s);
-  uint64_t launches() const { return seq_; }
+  uint64_t launches() const { return seq_; }  // tensors fingerprinted
+  uint64_t kernel_launches() const { return kernel_launches_; }
 
  private:
   void reclaim();
-  bool wait_for_space(uint64_t blocks, double timeout_s);
+  bool wait_for_space(uint64_t blocks, uint64_t heads, double timeout_s);
+  Plan plan(const TensorView& view, int64_t head_elements) const;
+  Ticket issue(Plan& plan);  // ring slots for one tensor; the mutex is held
+  Ticket launch_planned(Plan& plan, int device, uintptr_t stream, double timeout_s);
 
   Partial* partials_ = nullptr;  // host pointer (mapped; same address on the device with UVA)
   uint8_t* heads_ = nullptr;
@@ -74,6 +86,7 @@ class GpuFingerprinter {
   uint64_t max_blocks_ = 528;  // blocks per launch: a few per SM
   uint64_t head_capacity_;
   uint64_t seq_ = 0;
+  uint64_t kernel_launches_ = 0;
   uint64_t partial_head_ = 0;  // next partial to hand out (absolute, modulo capacity in use)
   uint64_t head_next_ = 0;
   // Outstanding tickets in launch order and whether each has been collected: ring space is

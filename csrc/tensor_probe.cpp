@@ -1,10 +1,8 @@
 #include "tensor_probe.h"
 
-#include <cstdint>
 #include <string>
-#include <unordered_map>
-#include <vector>
 
+#include "pending.h"
 #include "results.h"
 #if OPGUARD_WITH_CUDA
 #include "fingerprint_cuda.h"
@@ -14,6 +12,21 @@ namespace py = pybind11;
 
 namespace opguard {
 namespace {
+
+// Attribute and method names, made once (the recorder reads them for every tensor).
+struct Names {
+  py::str dtype{"dtype"}, shape{"shape"}, layout{"layout"}, device{"device"}, is_cuda{"is_cuda"},
+      is_cpu{"is_cpu"}, is_nested{"is_nested"}, version{"_version"};
+  py::str stride{"stride"}, data_ptr{"data_ptr"}, get_device{"get_device"}, is_conj{"is_conj"},
+      is_neg{"is_neg"}, resolve_conj{"resolve_conj"}, resolve_neg{"resolve_neg"},
+      is_contiguous{"is_contiguous"};
+  py::str n{"n"}, d{"d"}, s{"s"}, v{"v"}, t{"t"}, f{"f"}, cpu{"cpu"};
+};
+
+const Names& names() {
+  static const Names* const kNames = new Names();  // never destroyed: outlives the interpreter
+  return *kNames;
+}
 
 py::object attribute(py::handle obj, const py::str& name) {
   PyObject* value = PyObject_GetAttr(obj.ptr(), name.ptr());
@@ -42,141 +55,222 @@ std::vector<int64_t> ints(const py::object& tuple) {
   return out;
 }
 
-py::list as_list(const py::object& tuple) {
-  PyObject* list = PySequence_List(tuple.ptr());
-  if (list == nullptr) throw py::error_already_set();
-  return py::reinterpret_steal<py::list>(list);
+py::list int_list(const std::vector<int64_t>& values) {
+  py::list out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    PyObject* v = PyLong_FromLongLong(values[i]);
+    if (v == nullptr) throw py::error_already_set();
+    PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), v);
+  }
+  return out;
 }
 
-struct DtypeInfo {
-  py::str name;  // stored name (float32, bfloat16)
-  Kind kind;
-  int64_t itemsize;
-};
-
-class TensorProbe {
- public:
-  // plain_types: the tensor classes whose memory is read (torch.Tensor, nn.Parameter);
-  // strided: torch.strided; dtype_info(dtype) -> (name, kind code, itemsize), asked once per
-  // dtype; raw_stream(device) -> the current stream of a CUDA device as an integer; gpu() ->
-  // the process's GpuFingerprinter, asked for on the first CUDA tensor.
-  TensorProbe(py::tuple plain_types, py::object strided, py::object dtype_info,
-              py::object raw_stream, py::object gpu)
-      : strided_(std::move(strided)),
-        dtype_info_(std::move(dtype_info)),
-        raw_stream_(std::move(raw_stream)),
-        make_gpu_(std::move(gpu)) {
-    for (py::handle type : plain_types) plain_types_.push_back(type.ptr());
-  }
-
-  // The metadata every entry has, read or not: {"n", "d", "s", "v", "t" (strided only)}.
-  py::dict describe(py::handle tensor, py::handle slot) {
-    py::dict entry;
-    entry[key_slot_] = slot;
-    entry[key_dtype_] = dtype(attribute(tensor, dtype_attr_)).name;
-    const bool nested = is_true(attribute(tensor, is_nested_attr_));
-    // a nested tensor has no single shape: its entry has none (its memory is not read either)
-    entry[key_shape_] = nested ? py::list() : as_list(attribute(tensor, shape_attr_));
-    entry[key_device_] = device_name(tensor);
-    if (!nested && attribute(tensor, layout_attr_).is(strided_)) {
-      entry[key_strides_] = as_list(call(tensor, stride_method_));
-    }
-    return entry;
-  }
-
-  // Starts the fingerprint of `tensor`: the entry's content fields for a CPU tensor, a GPU
-  // ticket for a CUDA tensor (its kernel runs on the current stream), None when its memory
-  // cannot be read (meta, sparse, a subclass, another device).
-  py::object fingerprint(py::handle tensor, int64_t head_elements) {
-    if (!readable(tensor)) return py::none();
-    py::object t = py::reinterpret_borrow<py::object>(tensor);
-    if (is_true(call(t, is_conj_method_)) || is_true(call(t, is_neg_method_))) {
-      // torch applies these bits lazily: the stored bytes are not the values
-      t = call(call(t, resolve_conj_method_), resolve_neg_method_);
-    }
-    const DtypeInfo& d = dtype(attribute(t, dtype_attr_));
-    const auto address = call(t, data_ptr_method_).cast<uintptr_t>();
-    const TensorView view{reinterpret_cast<const uint8_t*>(address), d.itemsize,
-                          ints(attribute(t, shape_attr_)), ints(call(t, stride_method_)), d.kind};
-    if (is_true(attribute(t, is_cuda_attr_))) return launch(t, view, head_elements);
-    return entry_fields(fingerprint_cpu_releasing_gil(view, head_elements), d.kind);
-  }
-
-  // Plain strided tensors with real storage on the CPU or a CUDA device (not meta, sparse,
-  // nested or subclasses): the tensors whose memory is read.
-  bool readable(py::handle tensor) {
-    bool plain = false;
-    for (PyObject* type : plain_types_)
-      plain = plain || Py_TYPE(tensor.ptr()) == (PyTypeObject*)type;
-    return plain && attribute(tensor, layout_attr_).is(strided_) &&
-           !is_true(attribute(tensor, is_nested_attr_)) &&
-           (is_true(attribute(tensor, is_cuda_attr_)) || is_true(attribute(tensor, is_cpu_attr_)));
-  }
-
- private:
-  const DtypeInfo& dtype(const py::object& dtype) {
-    auto found = dtypes_.find(dtype.ptr());
-    if (found != dtypes_.end()) return found->second;
-    py::tuple info = dtype_info_(dtype);
-    // dtype objects are interned singletons: keep this one alive as the key
-    keep_.push_back(dtype);
-    return dtypes_
-        .emplace(dtype.ptr(),
-                 DtypeInfo{info[0].cast<py::str>(), static_cast<Kind>(info[1].cast<int>()),
-                           info[2].cast<int64_t>()})
-        .first->second;
-  }
-
-  py::object device_name(py::handle tensor) {
-    if (is_true(attribute(tensor, is_cuda_attr_))) {
-      const auto index = static_cast<size_t>(call(tensor, get_device_method_).cast<int64_t>());
-      while (cuda_names_.size() <= index) {
-        cuda_names_.push_back(py::str("cuda:" + std::to_string(cuda_names_.size())));
-      }
-      return cuda_names_[index];
-    }
-    if (is_true(attribute(tensor, is_cpu_attr_))) return cpu_name_;
-    return py::str(attribute(tensor, device_attr_));
-  }
-
-  py::object launch(const py::object& tensor, const TensorView& view, int64_t head_elements) {
 #if OPGUARD_WITH_CUDA
-    if (!gpu_) gpu_ = make_gpu_();
-    auto& fingerprinter = gpu_.cast<cuda::GpuFingerprinter&>();
-    const int device = call(tensor, get_device_method_).cast<int>();
-    const auto stream = raw_stream_(device).cast<uintptr_t>();
-    // Keeping the GIL avoids handing it to the trace writer on every launch; only a full
-    // result ring (which the writer empties) is waited for without it.
-    cuda::Ticket ticket = fingerprinter.launch(view, device, stream, head_elements, 0.0);
-    if (ticket.seq == 0) {
-      py::gil_scoped_release release;
-      ticket = fingerprinter.launch(view, device, stream, head_elements, kRingWaitSeconds);
-    }
-    return py::cast(ticket);
-#else
-    (void)tensor, (void)view, (void)head_elements;
-    throw std::runtime_error("OpGuard was built without CUDA: cannot fingerprint a GPU tensor");
-#endif
-  }
-
-  static constexpr double kRingWaitSeconds = 60.0;
-
-  std::vector<PyObject*> plain_types_;  // borrowed: classes outlive the recorder
-  py::object strided_, dtype_info_, raw_stream_, make_gpu_, gpu_;
-  std::unordered_map<PyObject*, DtypeInfo> dtypes_;
-  std::vector<py::object> keep_;
-  std::vector<py::object> cuda_names_;
-  py::str cpu_name_{"cpu"};
-  py::str key_slot_{"n"}, key_dtype_{"d"}, key_shape_{"s"}, key_device_{"v"}, key_strides_{"t"};
-  py::str dtype_attr_{"dtype"}, shape_attr_{"shape"}, layout_attr_{"layout"},
-      device_attr_{"device"}, is_cuda_attr_{"is_cuda"}, is_cpu_attr_{"is_cpu"},
-      is_nested_attr_{"is_nested"};
-  py::str stride_method_{"stride"}, data_ptr_method_{"data_ptr"}, get_device_method_{"get_device"},
-      is_conj_method_{"is_conj"}, is_neg_method_{"is_neg"}, resolve_conj_method_{"resolve_conj"},
-      resolve_neg_method_{"resolve_neg"};
+// A device tensor whose fingerprint is launched at the next flush, with the others queued by
+// the same op (one launch for a _foreach_ op's list). Per thread: each recording thread
+// launches on its own streams, at its own op boundaries.
+struct QueuedLaunch {
+  PyObject* pending;  // a PendingFields, owned
+  TensorView view;
+  int device;
+  uintptr_t stream;
+  int64_t head_elements;
 };
+thread_local std::vector<QueuedLaunch> t_queue;
+#endif
 
 }  // namespace
+
+int64_t TensorFacts::numel() const {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+TensorProbe::TensorProbe(py::tuple plain_types, py::object strided, py::object dtype_info,
+                         py::object raw_stream, py::object gpu)
+    : strided_(std::move(strided)),
+      dtype_info_(std::move(dtype_info)),
+      raw_stream_(std::move(raw_stream)),
+      make_gpu_(std::move(gpu)) {
+  for (py::handle type : plain_types) plain_types_.push_back(type.ptr());
+}
+
+TensorFacts TensorProbe::read(py::handle tensor) {
+  const Names& k = names();
+  TensorFacts facts;
+  facts.dtype = &dtype(attribute(tensor, k.dtype));
+  const bool nested = is_true(attribute(tensor, k.is_nested));
+  facts.strided = !nested && attribute(tensor, k.layout).is(strided_);
+  if (!nested) facts.sizes = ints(attribute(tensor, k.shape));
+  if (facts.strided) facts.strides = ints(call(tensor, k.stride));
+  facts.cuda = is_true(attribute(tensor, k.is_cuda));
+  facts.cpu = !facts.cuda && is_true(attribute(tensor, k.is_cpu));
+  if (facts.cuda) facts.device = call(tensor, k.get_device).cast<int>();
+  bool plain = false;
+  for (PyObject* type : plain_types_) plain = plain || Py_TYPE(tensor.ptr()) == (PyTypeObject*)type;
+  facts.readable = plain && facts.strided && (facts.cuda || facts.cpu);
+  return facts;
+}
+
+py::dict TensorProbe::entry(const TensorFacts& facts, py::handle tensor, py::handle slot) {
+  const Names& k = names();
+  py::dict entry;
+  entry[k.n] = slot;
+  entry[k.d] = facts.dtype->name;
+  entry[k.s] = int_list(facts.sizes);
+  entry[k.v] = device_name(tensor, facts);
+  if (facts.strided) entry[k.t] = int_list(facts.strides);
+  return entry;
+}
+
+py::object TensorProbe::fingerprint(py::handle tensor, const TensorFacts& facts,
+                                    int64_t head_elements) {
+  if (!facts.readable) {
+    py::dict unreadable;
+    unreadable[names().f] = py::int_(kFlagUnreadable);
+    return std::move(unreadable);
+  }
+  if (has_lazy_bits(tensor)) {
+    // torch applies these bits when the tensor is read: fingerprint the values, not the bytes
+    const Names& k = names();
+    py::object resolved = call(call(tensor, k.resolve_conj), k.resolve_neg);
+    return fingerprint(resolved, read(resolved), head_elements);
+  }
+  uintptr_t address = 0;
+  if (!this->address(tensor, &address)) throw py::error_already_set();
+  if (facts.cuda) return launch(tensor, facts, address, head_elements);
+  const TensorView view{reinterpret_cast<const uint8_t*>(address), facts.dtype->itemsize,
+                        facts.sizes, facts.strides, facts.dtype->kind};
+  return entry_fields(fingerprint_cpu_releasing_gil(view, head_elements), facts.dtype->kind);
+}
+
+bool TensorProbe::address(py::handle tensor, uintptr_t* out) {
+  PyObject* value = PyObject_CallMethodNoArgs(tensor.ptr(), names().data_ptr.ptr());
+  if (value == nullptr) {  // no storage: sparse, nested, some subclasses
+    PyErr_Clear();
+    return false;
+  }
+  *out = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(value));
+  Py_DECREF(value);
+  if (PyErr_Occurred()) throw py::error_already_set();
+  return true;
+}
+
+bool TensorProbe::has_lazy_bits(py::handle tensor) {
+  const Names& k = names();
+  return is_true(call(tensor, k.is_conj)) || is_true(call(tensor, k.is_neg));
+}
+
+bool TensorProbe::views_derive_from(py::handle tensor, const TensorFacts& facts) {
+  return facts.readable && is_true(call(tensor, names().is_contiguous)) && !has_lazy_bits(tensor);
+}
+
+int64_t TensorProbe::version(py::handle tensor) {
+  PyObject* value = PyObject_GetAttr(tensor.ptr(), names().version.ptr());
+  if (value == nullptr) {  // inference tensors have no version counter
+    PyErr_Clear();
+    return -1;
+  }
+  const long long v = PyLong_AsLongLong(value);
+  Py_DECREF(value);
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return v;
+}
+
+const DtypeInfo& TensorProbe::dtype(py::handle dtype) {
+  auto found = dtypes_.find(dtype.ptr());
+  if (found != dtypes_.end()) return found->second;
+  py::tuple info = dtype_info_(dtype);
+  // dtype objects are interned singletons: keep this one alive as the key
+  keep_.push_back(py::reinterpret_borrow<py::object>(dtype));
+  return dtypes_
+      .emplace(dtype.ptr(),
+               DtypeInfo{info[0].cast<py::str>(), static_cast<Kind>(info[1].cast<int>()),
+                         info[2].cast<int64_t>()})
+      .first->second;
+}
+
+py::object TensorProbe::device_name(py::handle tensor, const TensorFacts& facts) {
+  if (facts.cuda) {
+    const auto index = static_cast<size_t>(facts.device);
+    while (cuda_names_.size() <= index) {
+      cuda_names_.push_back(py::str("cuda:" + std::to_string(cuda_names_.size())));
+    }
+    return cuda_names_[index];
+  }
+  if (facts.cpu) return names().cpu;
+  return py::str(attribute(tensor, names().device));
+}
+
+py::object TensorProbe::launch(py::handle tensor, const TensorFacts& facts, uintptr_t address,
+                               int64_t head_elements) {
+#if OPGUARD_WITH_CUDA
+  (void)tensor;
+  if (!gpu_) gpu_ = make_gpu_();
+  py::object pending = py::cast(PendingFields(gpu_));
+  const auto stream = raw_stream_(facts.device).cast<uintptr_t>();
+  t_queue.push_back(
+      QueuedLaunch{pending.ptr(),
+                   TensorView{reinterpret_cast<const uint8_t*>(address), facts.dtype->itemsize,
+                              facts.sizes, facts.strides, facts.dtype->kind},
+                   facts.device, stream, head_elements});
+  Py_INCREF(pending.ptr());
+  return pending;
+#else
+  (void)tensor, (void)facts, (void)address, (void)head_elements;
+  throw std::runtime_error("OpGuard was built without CUDA: cannot fingerprint a GPU tensor");
+#endif
+}
+
+void TensorProbe::flush() {
+#if OPGUARD_WITH_CUDA
+  if (t_queue.empty()) return;
+  std::vector<QueuedLaunch> queue;
+  queue.swap(t_queue);
+  struct Release {  // the queue's references, whatever happens
+    std::vector<QueuedLaunch>& queue;
+    ~Release() {
+      for (auto& q : queue) Py_DECREF(q.pending);
+    }
+  } release_refs{queue};
+  auto& fingerprinter = gpu_.cast<cuda::GpuFingerprinter&>();
+  std::vector<TensorView> views;
+  std::vector<cuda::Ticket> tickets;
+  for (size_t i = 0; i < queue.size();) {
+    // consecutive launches on one stream with one head length go together
+    size_t j = i;
+    views.clear();
+    tickets.clear();
+    while (j < queue.size() && queue[j].device == queue[i].device &&
+           queue[j].stream == queue[i].stream && queue[j].head_elements == queue[i].head_elements) {
+      views.push_back(queue[j++].view);
+    }
+    const QueuedLaunch& q = queue[i];
+    // Keeping the GIL avoids handing it to the trace writer on every op; only a full result
+    // ring (which the writer empties) is waited for without it.
+    size_t done =
+        fingerprinter.launch_many(views, q.device, q.stream, q.head_elements, 0.0, &tickets);
+    if (done < views.size()) {
+      views.erase(views.begin(), views.begin() + static_cast<ptrdiff_t>(done));
+      py::gil_scoped_release release;
+      fingerprinter.launch_many(views, q.device, q.stream, q.head_elements, kRingWaitSeconds,
+                                &tickets);
+    }
+    for (size_t k = 0; k < tickets.size(); ++k) {
+      py::handle(queue[i + k].pending).cast<PendingFields&>().launched(tickets[k]);
+    }
+    i = j;
+  }
+#endif
+}
+
+void TensorProbe::discard() {
+#if OPGUARD_WITH_CUDA
+  for (auto& q : t_queue) Py_DECREF(q.pending);
+  t_queue.clear();
+#endif
+}
 
 void bind_tensor_probe(py::module_& m) {
   py::class_<TensorProbe>(m, "TensorProbe",
@@ -184,13 +278,21 @@ void bind_tensor_probe(py::module_& m) {
       .def(py::init<py::tuple, py::object, py::object, py::object, py::object>(),
            py::arg("plain_types"), py::arg("strided"), py::arg("dtype_info"), py::arg("raw_stream"),
            py::arg("gpu"))
-      .def("describe", &TensorProbe::describe, py::arg("tensor"), py::arg("slot"),
-           "{'n': slot, 'd': dtype, 's': shape, 'v': device, 't': strides (strided only)}")
-      .def("readable", &TensorProbe::readable, py::arg("tensor"),
-           "Whether the tensor's memory can be read (plain, strided, on the CPU or a GPU).")
-      .def("fingerprint", &TensorProbe::fingerprint, py::arg("tensor"), py::arg("head_elements"),
-           "Content fields (CPU), a GpuTicket (CUDA, on the current stream) or None "
-           "(unreadable memory).");
+      .def(
+          "readable",
+          [](TensorProbe& self, py::handle tensor) { return self.read(tensor).readable; },
+          py::arg("tensor"),
+          "Whether the tensor's memory can be read (plain, strided, on the CPU or a GPU).")
+      .def(
+          "fingerprint",
+          [](TensorProbe& self, py::handle tensor, int64_t head_elements) {
+            py::object fields = self.fingerprint(tensor, self.read(tensor), head_elements);
+            self.flush();
+            return fields;
+          },
+          py::arg("tensor"), py::arg("head_elements"),
+          "Content fields (CPU), a PendingFields (CUDA, on the current stream) or "
+          "{'f': FLAG_UNREADABLE}.");
 }
 
 }  // namespace opguard

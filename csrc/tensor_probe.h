@@ -1,13 +1,93 @@
 // What the recorder reads of a torch tensor for each trace entry (dtype, shape, strides,
-// device) and the start of its fingerprint, in one native call per tensor. Each entry used to
-// cost ~20 Python-level attribute reads, calls and dict updates (~20 µs for a GPU output on a
-// GPT-2 step with 7,500 entries); here the same attributes are read through the CPython API.
+// device) and the start of its fingerprint. Each entry used to cost ~20 Python-level attribute
+// reads, calls and dict updates (~20 µs for a GPU output on a GPT-2 step with 7,500 entries);
+// here the same attributes are read through the CPython API, once per tensor.
 // The extension still does not link libtorch: the tensor is only ever used as a Python object.
 #pragma once
 
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "fingerprint.h"
+
 namespace opguard {
+
+// The trace's entry flags (FLAG_* in opguard/store/schema.py; a test keeps them equal).
+constexpr int kFlagView = 1;
+constexpr int kFlagUninitialized = 2;
+constexpr int kFlagUnreadable = 4;
+constexpr int kFlagWritten = 8;
+
+struct DtypeInfo {
+  pybind11::str name;  // stored name (float32, bfloat16)
+  Kind kind;
+  int64_t itemsize;
+};
+
+// One read of a tensor's Python attributes: everything its entry and fingerprint need.
+struct TensorFacts {
+  bool readable = false;  // plain, strided, not nested, on the CPU or a CUDA device
+  bool strided = false;   // has strides (entry key "t")
+  bool cuda = false;
+  bool cpu = false;
+  int device = -1;  // CUDA device index
+  const DtypeInfo* dtype = nullptr;
+  std::vector<int64_t> sizes;  // empty for a nested tensor (it has no single shape)
+  std::vector<int64_t> strides;
+
+  int64_t numel() const;
+  int64_t nbytes() const { return numel() * dtype->itemsize; }
+};
+
+class TensorProbe {
+ public:
+  // plain_types: the tensor classes whose memory is read (torch.Tensor, nn.Parameter);
+  // strided: torch.strided; dtype_info(dtype) -> (name, kind code, itemsize), asked once per
+  // dtype; raw_stream(device) -> the current stream of a CUDA device as an integer; gpu() ->
+  // the process's GpuFingerprinter, asked for on the first CUDA tensor.
+  TensorProbe(pybind11::tuple plain_types, pybind11::object strided, pybind11::object dtype_info,
+              pybind11::object raw_stream, pybind11::object gpu);
+
+  TensorFacts read(pybind11::handle tensor);
+  // The metadata every entry has, read or not: {"n", "d", "s", "v", "t" (strided only)}.
+  pybind11::dict entry(const TensorFacts& facts, pybind11::handle tensor, pybind11::handle slot);
+  // The entry's content fields of a CPU tensor (a dict), a PendingFields for a CUDA tensor (its
+  // kernel is queued for the current stream and launched by flush()), {"f": unreadable} when
+  // its memory cannot be read.
+  pybind11::object fingerprint(pybind11::handle tensor, const TensorFacts& facts,
+                               int64_t head_elements);
+  // Launches the GPU fingerprints this thread queued, runs of them in one kernel; called before
+  // the op runs (for its inputs) and before its record is queued (for its outputs).
+  void flush();
+  // Drops this thread's queued launches (recording stopped); their fields never resolve.
+  void discard();
+  // The first element's address; false when the tensor has no storage (sparse, nested).
+  bool address(pybind11::handle tensor, uintptr_t* out);
+  // Whether the conjugate or negative bit is set: its stored bytes are not its values.
+  bool has_lazy_bits(pybind11::handle tensor);
+  // Whether views of this tensor can take fingerprints derived from its own: its memory is
+  // read, it is contiguous and it has no lazy bits.
+  bool views_derive_from(pybind11::handle tensor, const TensorFacts& facts);
+  // The tensor's version counter; -1 for inference tensors (never trusted).
+  int64_t version(pybind11::handle tensor);
+
+ private:
+  const DtypeInfo& dtype(pybind11::handle dtype);
+  pybind11::object device_name(pybind11::handle tensor, const TensorFacts& facts);
+  pybind11::object launch(pybind11::handle tensor, const TensorFacts& facts, uintptr_t address,
+                          int64_t head_elements);
+
+  static constexpr double kRingWaitSeconds = 60.0;
+
+  std::vector<PyObject*> plain_types_;  // borrowed: classes outlive the recorder
+  pybind11::object strided_, dtype_info_, raw_stream_, make_gpu_, gpu_;
+  std::unordered_map<PyObject*, DtypeInfo> dtypes_;
+  std::vector<pybind11::object> keep_;
+  std::vector<pybind11::object> cuda_names_;
+};
 
 void bind_tensor_probe(pybind11::module_& m);
 

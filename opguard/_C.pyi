@@ -25,18 +25,17 @@ CUDA_BUILT: bool
 
 def cuda_status() -> tuple[bool, str]: ...
 
-class GpuTicket:
-    seq: int
-    kind: int
-
 class GpuFingerprinter:
-    launches: int
+    launches: int  # tensors fingerprinted
+    kernel_launches: int  # kernels launched (a _foreach_ op's list shares one)
     def __init__(self, partial_capacity: int = ..., head_capacity: int = ...) -> None: ...
-    def ready(self, ticket: GpuTicket) -> bool: ...
-    def collect(self, ticket: GpuTicket, timeout_s: float = 600.0) -> dict[str, Any]: ...
-    def collect_many(
-        self, tickets: list[GpuTicket], timeout_s: float = 600.0
-    ) -> list[dict[str, Any]]: ...
+
+class PendingFields:
+    """Content fields known once a GPU fingerprint kernel has run (csrc/pending.h)."""
+
+    def resolve(self) -> dict[str, Any]: ...
+    @staticmethod
+    def resolve_all(pending: list[PendingFields]) -> None: ...
 
 class TensorProbe:
     """A tensor entry's metadata and the start of its fingerprint (csrc/tensor_probe.cpp)."""
@@ -49,9 +48,42 @@ class TensorProbe:
         raw_stream: Callable[[int], int] | None,
         gpu: Callable[[], GpuFingerprinter],
     ) -> None: ...
-    def describe(self, tensor: Any, slot: str) -> dict[str, Any]: ...
     def readable(self, tensor: Any) -> bool: ...
-    def fingerprint(self, tensor: Any, head_elements: int) -> dict[str, Any] | GpuTicket | None: ...
+    def fingerprint(self, tensor: Any, head_elements: int) -> dict[str, Any] | PendingFields: ...
+
+FLAG_VIEW: int
+FLAG_UNINITIALIZED: int
+FLAG_UNREADABLE: int
+FLAG_WRITTEN: int
+OUTPUT_READ: int
+OUTPUT_UNINITIALIZED: int
+OUTPUT_IN_FLIGHT: int
+OUTPUT_VIEW: int
+OUTPUT_VIEW_OF_UNINITIALIZED: int
+
+Fields = dict[str, Any] | PendingFields
+
+class EntryRecorder:
+    """Op input and output entries with each tensor's producer and known fingerprint
+    (csrc/provenance.h)."""
+
+    reads: int
+    def __init__(self, probe: TensorProbe, head_elements: int) -> None: ...
+    def input(self, slot: str, tensor: Any, verify: bool) -> tuple[dict[str, Any], Fields]: ...
+    def output(
+        self,
+        slot: str,
+        tensor: Any,
+        index: int,
+        out_slot: int,
+        kind: int,
+        written: bool,
+        base: Any,
+        base_fields: Fields | None,
+    ) -> tuple[dict[str, Any], Fields | None]: ...
+    def settle(self) -> None: ...
+    def flush(self) -> None: ...
+    def discard(self) -> None: ...
 
 class StackWalker:
     def __init__(

@@ -110,6 +110,32 @@ def test_expanded_and_large_tensor() -> None:
     assert got["h"] == expected["h"] and got["m"][4] == 1
 
 
+def test_a_foreach_list_shares_launches_and_equals_the_cpu(tmp_path: Path) -> None:
+    """A _foreach_ op's tensors are fingerprinted in shared launches (runs of contiguous
+    tensors of one dtype), with the same results as the CPU's, whatever their layout."""
+    import opguard
+    from opguard.recorder import tensors
+    from opguard.store.reader import Run
+
+    g = torch.Generator().manual_seed(3)
+    shapes = [(5,), (33, 7), (1 << 18,), (3,), (70,), (0,)]
+    cpu = [_random(shape, torch.float32, g) for shape in shapes]
+    cpu.insert(3, _random((8, 9), torch.float32, g).t())  # not contiguous: launched alone
+    gpu = [t.cuda() for t in cpu]
+    with opguard.record(tmp_path / "run"):
+        kernels_before = tensors._gpu().kernel_launches
+        torch._foreach_mul_(gpu, 2.0)
+        kernels = tensors._gpu().kernel_launches - kernels_before
+    (op,) = [
+        op for op in Run(tmp_path / "run").rank(0).ops() if op.op == "aten::_foreach_mul_.Scalar"
+    ]
+    expected = [fingerprint_fields(t.cpu()) for t in gpu]
+    assert [(t.hash, t.nbytes) for t in op.outputs] == [(e["h"], e["z"]) for e in expected]
+    # 7 inputs, then 7 outputs: three launches each (the transposed tensor splits the run
+    # of contiguous ones; the empty one is completed on the host)
+    assert kernels == 6
+
+
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600

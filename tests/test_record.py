@@ -35,7 +35,7 @@ from conftest import opguard_cmd, run_cli
 
 import opguard
 import opguard.recorder.mode as recorder_mode
-from opguard.recorder.tensors import fingerprint_fields
+from opguard.recorder.tensors import entry_recorder, fingerprint_fields
 from opguard.store import OpRecord, RankTrace, Run, TraceError
 from opguard.store import schema as store_schema
 
@@ -439,27 +439,41 @@ def test_nested_recording_is_refused(tmp_path: Path) -> None:
 # -- recorder failures never stop the training -----------------------------------------------
 
 
-def _break_fingerprints(monkeypatch: pytest.MonkeyPatch, caller: str, nth: int) -> None:
-    """Makes the recorder's ``nth`` fingerprint taken from ``caller`` raise."""
-    real = recorder_mode.fingerprint_fields
-    calls = 0
+class WatchedEntries:
+    """The recorder's native entry builder behind a proxy that counts the tensors it reads and
+    can be made to fail on the ``nth`` call of one of its methods."""
 
-    def flaky(tensor: torch.Tensor) -> Any:
-        nonlocal calls
-        if sys._getframe(1).f_code.co_name == caller:
-            calls += 1
-            if calls == nth:
+    def __init__(self, fail_in: str = "", nth: int = 0) -> None:
+        self.real = entry_recorder()
+        self._fail_in, self._nth, self._calls = fail_in, nth, 0
+
+    def _tick(self, method: str) -> None:
+        if method == self._fail_in:
+            self._calls += 1
+            if self._calls == self._nth:
                 raise RuntimeError("injected fingerprint failure")
-        return real(tensor)
 
-    monkeypatch.setattr(recorder_mode, "fingerprint_fields", flaky)
+    def input(self, *args: Any) -> Any:
+        self._tick("input")
+        return self.real.input(*args)
+
+    def output(self, *args: Any) -> Any:
+        self._tick("output")
+        return self.real.output(*args)
+
+    def __getattr__(self, name: str) -> Any:  # everything else: the real one's
+        return getattr(self.real, name)
+
+
+def _watch_entries(monkeypatch: pytest.MonkeyPatch, entries: WatchedEntries) -> None:
+    monkeypatch.setattr(recorder_mode, "entry_recorder", lambda: entries)
 
 
 @pytest.mark.parametrize(
     "caller",
     [
-        "_input_entry",  # fails before the op runs
-        "_output",  # fails after it, while the record is built
+        "input",  # fails before the op runs
+        "output",  # fails after it, while the record is built
     ],
 )
 def test_recorder_failure_does_not_stop_training(
@@ -470,7 +484,7 @@ def test_recorder_failure_does_not_stop_training(
 ) -> None:
     tiny_module = load_tiny()
     plain = tiny_module.train(steps=3, dropout=0.1, report=quiet)
-    _break_fingerprints(monkeypatch, caller, nth=3)
+    _watch_entries(monkeypatch, WatchedEntries(fail_in=caller, nth=3))
     with opguard.record(tmp_path / "run") as session:
         recorded = tiny_module.train(steps=3, dropout=0.1, report=quiet)
     monkeypatch.undo()
@@ -502,6 +516,19 @@ def test_recorder_failure_does_not_stop_training(
 
 
 # -- fingerprints: reuse, views, uninitialized memory ----------------------------------------
+
+
+def test_native_entry_flags_are_the_schemas() -> None:
+    """The native entry builder writes the flags the reader decodes."""
+    from opguard import _C
+
+    native = (_C.FLAG_VIEW, _C.FLAG_UNINITIALIZED, _C.FLAG_UNREADABLE, _C.FLAG_WRITTEN)
+    assert native == (
+        store_schema.FLAG_VIEW,
+        store_schema.FLAG_UNINITIALIZED,
+        store_schema.FLAG_UNREADABLE,
+        store_schema.FLAG_WRITTEN,
+    )
 
 
 def test_inputs_carry_their_producer(tmp_path: Path) -> None:
@@ -540,25 +567,19 @@ def test_inputs_carry_their_producer(tmp_path: Path) -> None:
 def test_view_outputs_are_flagged_and_not_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = recorder_mode.fingerprint_fields
-    reads: list[tuple[int, ...]] = []
-
-    def counting(tensor: torch.Tensor) -> Any:
-        reads.append(tuple(tensor.shape))
-        return real(tensor)
-
-    monkeypatch.setattr(recorder_mode, "fingerprint_fields", counting)
+    entries = WatchedEntries()
+    _watch_entries(monkeypatch, entries)
     with opguard.record(tmp_path / "run"):
         z = torch.arange(6.0) * 3
-        before = len(reads)
+        before = entries.reads
         v = z.view(2, 3)
         t = v.t()
         s = v[1]
-        during_views = reads[before:]
+        during_views = entries.reads - before
         total = t.sum(dim=1)
         del s, total
     monkeypatch.undo()
-    assert during_views == []  # no view op read tensor memory
+    assert during_views == 0  # no view op read tensor memory
     ops = list(open_trace(tmp_path / "run").ops())
     mul = _find(ops, "aten::mul.Tensor")
     view = _find(ops, "aten::view.default")

@@ -17,6 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .. import _C
 from ..store import schema
 from ..store.captures import INPUT, OUTPUT
 from .arguments import encode, generator_fingerprint
@@ -25,20 +26,15 @@ from .capture import Capturer
 from .collectives import is_collective, wait
 from .kernels import KernelActivity
 from .ops import OpInfo, op_info
-from .provenance import Provenance
-from .tensors import (
-    PendingFields,
-    describe,
-    fingerprint_fields,
-    resolve_all,
-    view_fields,
-    views_derive_from,
-)
+from .tensors import PendingFields, entry_recorder, resolve_all
 
 _BACKWARD = schema.PHASES.index("backward")
 _OPTIMIZER = schema.PHASES.index("optimizer")
 _FORWARD = schema.PHASES.index("forward")
 _OTHER = schema.PHASES.index("other")
+# How an output gets its content fields (csrc/provenance.h, OutputKind).
+_READ, _UNINITIALIZED, _IN_FLIGHT = _C.OUTPUT_READ, _C.OUTPUT_UNINITIALIZED, _C.OUTPUT_IN_FLIGHT
+_VIEW, _VIEW_OF_UNINITIALIZED = _C.OUTPUT_VIEW, _C.OUTPUT_VIEW_OF_UNINITIALIZED
 
 Fields = dict[str, Any]
 Pending = list[tuple[Fields, PendingFields]]  # entries whose GPU fingerprint is in flight
@@ -72,7 +68,8 @@ class OpRecorder(TorchDispatchMode):
         self._sites = CallSites(writer)
         self._on_failure = on_failure
         self._infos: dict[Any, OpInfo] = {}
-        self._provenance = Provenance()
+        # Each tensor's entry, producer and known fingerprint (native: per tensor, per op).
+        self._entries = entry_recorder()
         self._pending: Pending = []
         # The op's first tensor input and its fields: the base of a view op's outputs.
         self._base: tuple[torch.Tensor, Fields | PendingFields | None] | None = None
@@ -193,6 +190,7 @@ class OpRecorder(TorchDispatchMode):
     def fail(self, exc: BaseException) -> None:
         """Stops recording (the training goes on) and reports why."""
         self.stop()
+        self._entries.discard()
         self._on_failure(self.next_index, exc)
 
     def stop(self) -> None:
@@ -221,7 +219,7 @@ class OpRecorder(TorchDispatchMode):
     def _before(self, info: OpInfo, args: tuple, kwargs: dict, nested: bool) -> tuple:
         if self._writer.error is not None:
             raise TraceWriteFailed(self._writer.failure_message())
-        self._provenance.settle()
+        self._entries.settle()
         self._pending = []
         self._base = None
         # A unit with ops of its own inside gets its index only after them: not captured.
@@ -243,6 +241,7 @@ class OpRecorder(TorchDispatchMode):
             passed = set(names[: len(args)]).union(kwargs)
             arguments.extend([name, value] for name, value in info.defaults if name not in passed)
         rng = self._rng_state(kwargs.get("generator"), args, kwargs) if info.is_random else None
+        self._entries.flush()  # the inputs' GPU fingerprints run before the op can change them
         if not info.is_view:
             # Only a view's outputs need their base. Holding it while the op runs would keep a
             # compiled region's first input alive after Inductor frees it (it clears the
@@ -297,45 +296,12 @@ class OpRecorder(TorchDispatchMode):
         return self._sites.location(site) if site is not None else None
 
     def _input_entry(self, slot: str, tensor: torch.Tensor) -> Fields:
-        entry = describe(tensor, slot)
-        known, exact = self._provenance.find(tensor, entry)
-        fields: Fields | PendingFields | None = None
-        if known is not None and exact and self.verify_inputs:
-            fields = fingerprint_fields(tensor)
-        elif known is not None and exact:
-            if known.fields is None:
-                known.fields = fingerprint_fields(tensor)
-            fields = known.fields
-        else:
-            if known is not None and _uninitialized(known.fields):
-                fields = known.fields  # an alias of memory nobody has written yet
-            elif known is not None:  # a view of a known write, re-wrapped by C++ code
-                fields = view_fields(
-                    tensor, known.ptr, known.nbytes if known.derivable else None, known.fields
-                )
-            if fields is None:
-                fields = fingerprint_fields(tensor)
-            self._provenance.remember(
-                tensor,
-                entry,
-                known.index if known else None,
-                known.slot if known else 0,
-                fields,
-                owns_storage=known is None,
-            )
-        self._attach(entry, fields)
+        entry, fields = self._entries.input(slot, tensor, self.verify_inputs)
+        if type(fields) is PendingFields:
+            self._pending.append((entry, fields))
         if self._base is None:
             self._base = (tensor, fields)
-        if known is not None and known.index is not None:
-            entry["p"] = [known.index, known.slot]
         return entry
-
-    def _attach(self, entry: Fields, fields: Fields | PendingFields) -> None:
-        """Adds content fields to an entry now, or when the GPU has computed them."""
-        if isinstance(fields, PendingFields):
-            self._pending.append((entry, fields))
-        else:
-            entry.update(fields)
 
     def _rng_state(
         self, generator: torch.Generator | None, args: tuple, kwargs: dict
@@ -380,6 +346,7 @@ class OpRecorder(TorchDispatchMode):
             record["r"] = rng
         if out is not None and not outputs:
             record["v"] = encode(out)  # a returned scalar, e.g. the value of .item()
+        self._entries.flush()  # launched before the writer can wait for them
         if self._pending:
             self._writer.append(index, DeferredRecord(record, self._pending))
         else:
@@ -397,38 +364,22 @@ class OpRecorder(TorchDispatchMode):
         outputs: list[Fields],
         was_written: bool,
     ) -> None:
-        entry = describe(tensor, slot)
-        fields: Fields | PendingFields | None
         if info.uninitialized_output or slot in info.uninitialized_slots:
-            fields = {"f": schema.FLAG_UNINITIALIZED}
+            kind = _UNINITIALIZED
         elif self._in_flight:
-            fields = None
+            kind = _IN_FLIGHT
         elif info.is_view:
-            base_uninitialized = bool(inputs) and inputs[0].get("f", 0) & schema.FLAG_UNINITIALIZED
-            if base_uninitialized:
-                fields = {"f": schema.FLAG_UNINITIALIZED}
-            elif self._base is not None:
-                base, base_fields = self._base
-                derivable = views_derive_from(base)
-                fields = view_fields(
-                    tensor,
-                    base.data_ptr() if derivable else 0,
-                    _nbytes(base) if derivable else None,
-                    base_fields,
-                )
-            else:
-                fields = None
-            entry["f"] = schema.FLAG_VIEW
+            base_uninitialized = bool(inputs) and _flagged_uninitialized(inputs[0])
+            kind = _VIEW_OF_UNINITIALIZED if base_uninitialized else _VIEW
         else:
-            fields = fingerprint_fields(tensor)
-        if fields is not None:
-            flags = entry.get("f", 0)
-            self._attach(entry, fields)
-            if flags:  # keep FLAG_VIEW when the fields carry a flag of their own
-                entry["f"] = entry.get("f", 0) | flags
-        if was_written:
-            entry["f"] = entry.get("f", 0) | schema.FLAG_WRITTEN
+            kind = _READ
+        base, base_fields = self._base if self._base is not None else (None, None)
         output_slot = len(outputs)
+        entry, fields = self._entries.output(
+            slot, tensor, index, output_slot, kind, was_written, base, base_fields
+        )
+        if type(fields) is PendingFields:
+            self._pending.append((entry, fields))
         outputs.append(entry)
         if (
             self._capturing
@@ -437,16 +388,6 @@ class OpRecorder(TorchDispatchMode):
             and not _flagged_uninitialized(entry)
         ):
             self.capture.take(index, OUTPUT, output_slot, slot, tensor)
-        self._provenance.remember(
-            tensor,
-            entry,
-            index,
-            output_slot,
-            fields,
-            is_view=info.is_view,
-            written=was_written,
-            owns_storage=not info.is_view,
-        )
 
     def _locate(self, index: int, record: dict[str, Any]) -> None:
         """Phase, call site and stack; backward ops borrow their forward op's call site."""
@@ -539,13 +480,5 @@ def _op_device(args: tuple, kwargs: dict) -> torch.device:
     return torch.device(device) if device is not None else torch.device("cpu")
 
 
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
-
-
 def _flagged_uninitialized(entry: Fields) -> bool:
     return bool(entry.get("f", 0) & schema.FLAG_UNINITIALIZED)
-
-
-def _uninitialized(fields: Fields | PendingFields | None) -> bool:
-    return isinstance(fields, dict) and bool(fields.get("f", 0) & schema.FLAG_UNINITIALIZED)

@@ -1,0 +1,308 @@
+#include "provenance.h"
+
+#include <algorithm>
+#include <climits>
+
+#include "pending.h"
+
+namespace py = pybind11;
+
+namespace opguard {
+namespace {
+
+const py::str& key_flags() {
+  static const py::str* const kKey = new py::str("f");
+  return *kKey;
+}
+const py::str& key_hash() {
+  static const py::str* const kKey = new py::str("h");
+  return *kKey;
+}
+const py::str& key_producer() {
+  static const py::str* const kKey = new py::str("p");
+  return *kKey;
+}
+
+// The object a weak reference points to (borrowed), or None once it is gone.
+PyObject* referent(const py::object& ref) {
+#if PY_VERSION_HEX >= 0x030D0000
+  PyObject* obj = nullptr;
+  if (PyWeakref_GetRef(ref.ptr(), &obj) < 0) throw py::error_already_set();
+  if (obj == nullptr) return Py_None;
+  Py_DECREF(obj);  // still referenced by its holder while we compare
+  return obj;
+#else
+  return PyWeakref_GetObject(ref.ptr());
+#endif
+}
+
+bool alive(const py::object& ref) { return ref && referent(ref) != Py_None; }
+
+py::object weak_reference(py::handle obj) {
+  PyObject* ref = PyWeakref_NewRef(obj.ptr(), nullptr);
+  if (ref == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(ref);
+}
+
+// The tensor's storage object and its address; a null object when it has none (meta, sparse,
+// nested, some subclasses).
+py::object storage_of(py::handle tensor, uintptr_t* address) {
+  static const py::str* const kUntypedStorage = new py::str("untyped_storage");
+  static const py::str* const kDataPtr = new py::str("data_ptr");
+  PyObject* storage = PyObject_CallMethodNoArgs(tensor.ptr(), kUntypedStorage->ptr());
+  if (storage == nullptr) {
+    PyErr_Clear();
+    return py::object();
+  }
+  py::object owned = py::reinterpret_steal<py::object>(storage);
+  PyObject* ptr = PyObject_CallMethodNoArgs(storage, kDataPtr->ptr());
+  if (ptr == nullptr) {
+    PyErr_Clear();
+    return py::object();
+  }
+  *address = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(ptr));
+  Py_DECREF(ptr);
+  if (PyErr_Occurred()) throw py::error_already_set();
+  return owned;
+}
+
+int flags_of(const py::dict& entry) {
+  PyObject* value = PyDict_GetItemWithError(entry.ptr(), key_flags().ptr());
+  if (value == nullptr) {
+    if (PyErr_Occurred()) throw py::error_already_set();
+    return 0;
+  }
+  return static_cast<int>(PyLong_AsLong(value));
+}
+
+void add_flags(py::dict& entry, int flags) { entry[key_flags()] = flags_of(entry) | flags; }
+
+py::dict flag_only(int flag) {
+  py::dict fields;
+  fields[key_flags()] = flag;
+  return fields;
+}
+
+bool is_uninitialized(const py::object& fields) {
+  return PyDict_Check(fields.ptr()) &&
+         (flags_of(py::reinterpret_borrow<py::dict>(fields)) & kFlagUninitialized);
+}
+
+// Adds content fields to an entry now; PendingFields are attached by the caller once resolved.
+void attach(py::dict& entry, const py::object& fields) {
+  if (PyDict_Check(fields.ptr()) && PyDict_Update(entry.ptr(), fields.ptr()) < 0) {
+    throw py::error_already_set();
+  }
+}
+
+}  // namespace
+
+EntryRecorder::EntryRecorder(py::object probe, int64_t head_elements)
+    : probe_owner_(std::move(probe)),
+      probe_(probe_owner_.cast<TensorProbe&>()),
+      head_elements_(head_elements) {}
+
+std::pair<EntryRecorder::KnownPtr, bool> EntryRecorder::find(py::handle tensor,
+                                                             const TensorFacts& facts) {
+  int64_t version = LLONG_MIN;  // read once, when a candidate needs it
+  auto found = by_object_.find(reinterpret_cast<uintptr_t>(tensor.ptr()));
+  if (found != by_object_.end() && referent(found->second->ref) == tensor.ptr()) {
+    version = probe_.version(tensor);
+    if (found->second->valid_for(version)) return {found->second, true};
+  }
+  uintptr_t storage = 0;
+  if (!storage_of(tensor, &storage)) return {nullptr, false};
+  auto by_storage = by_storage_.find(storage);
+  if (by_storage == by_storage_.end() || !alive(by_storage->second->storage_ref)) {
+    return {nullptr, false};
+  }
+  KnownPtr known = by_storage->second;
+  if (version == LLONG_MIN) version = probe_.version(tensor);
+  if (!known->valid_for(version)) return {nullptr, false};
+  return {known, same_geometry(*known, tensor, facts)};
+}
+
+bool EntryRecorder::same_geometry(const Known& known, py::handle tensor, const TensorFacts& facts) {
+  uintptr_t address = 0;
+  const bool has_address = probe_.address(tensor, &address);
+  return has_address == known.has_address && address == known.address &&
+         facts.dtype == known.dtype && facts.strided == known.strided &&
+         facts.sizes == known.sizes && facts.strides == known.strides;
+}
+
+EntryRecorder::KnownPtr EntryRecorder::remember(py::handle tensor, const TensorFacts& facts,
+                                                int64_t index, int64_t slot, py::object fields,
+                                                bool written, bool owns_storage) {
+  auto known = std::make_shared<Known>();
+  known->ref = weak_reference(tensor);
+  known->index = index;
+  known->slot = slot;
+  known->version = probe_.version(tensor);
+  known->fields = std::move(fields);
+  known->has_address = probe_.address(tensor, &known->address);
+  known->dtype = facts.dtype;
+  known->sizes = facts.sizes;
+  known->strides = facts.strides;
+  known->strided = facts.strided;
+  known->nbytes = facts.nbytes();
+  by_object_[reinterpret_cast<uintptr_t>(tensor.ptr())] = known;
+  if (owns_storage) {
+    uintptr_t storage = 0;
+    py::object storage_object = storage_of(tensor, &storage);
+    if (storage_object) {
+      known->derivable = probe_.views_derive_from(tensor, facts);
+      known->storage_ref = weak_reference(storage_object);
+      by_storage_[storage] = known;
+    }
+  }
+  if (written) unsettled_.emplace_back(py::reinterpret_borrow<py::object>(tensor), known);
+  if (by_object_.size() + by_storage_.size() > sweep_at_) sweep();
+  return known;
+}
+
+void EntryRecorder::sweep() {
+  // Entries of dead tensors and freed storages never match again (identity and liveness are
+  // checked on lookup); dropping them only bounds memory. Amortised: the threshold doubles.
+  for (auto it = by_object_.begin(); it != by_object_.end();) {
+    it = alive(it->second->ref) ? std::next(it) : by_object_.erase(it);
+  }
+  for (auto it = by_storage_.begin(); it != by_storage_.end();) {
+    it = alive(it->second->storage_ref) ? std::next(it) : by_storage_.erase(it);
+  }
+  sweep_at_ = std::max(kFirstSweep, 2 * (by_object_.size() + by_storage_.size()));
+}
+
+void EntryRecorder::settle() {
+  for (auto& [tensor, known] : unsettled_) known->version = probe_.version(tensor);
+  unsettled_.clear();
+}
+
+py::object EntryRecorder::read(py::handle tensor, const TensorFacts& facts) {
+  ++reads_;
+  return probe_.fingerprint(tensor, facts, head_elements_);
+}
+
+// A view's content is a function of its base's content and of the view's geometry (offset,
+// dtype, sizes, strides), so equal bases and equal geometry mean equal views. None when the
+// view reaches outside its base's bytes [base_address, base_address + base_nbytes)
+// (base_nbytes < 0: the base is not contiguous, or has lazy bits), the view has lazy bits or
+// the base's content is unknown; the view is then read when an op uses it.
+py::object EntryRecorder::view_fields(py::handle view, const TensorFacts& facts,
+                                      uintptr_t base_address, int64_t base_nbytes,
+                                      const py::object& base_fields) {
+  if (base_fields.is_none() || base_nbytes < 0 || !facts.readable) return py::none();
+  if (probe_.has_lazy_bits(view)) return py::none();
+  const bool pending = py::isinstance<PendingFields>(base_fields);
+  if (!pending && !(PyDict_Check(base_fields.ptr()) &&
+                    PyDict_Contains(base_fields.ptr(), key_hash().ptr()) == 1)) {
+    return py::none();
+  }
+  uintptr_t address = 0;
+  if (!probe_.address(view, &address)) return py::none();
+  const int64_t itemsize = facts.dtype->itemsize;
+  const auto offset = static_cast<int64_t>(address - base_address);
+  int64_t lo = offset, hi = offset + itemsize;
+  for (size_t d = 0; d < facts.sizes.size(); ++d) {
+    if (facts.sizes[d] == 0) {
+      lo = hi = offset;
+      break;
+    }
+    const int64_t span = (facts.sizes[d] - 1) * facts.strides[d] * itemsize;
+    lo += std::min<int64_t>(0, span);
+    hi += std::max<int64_t>(0, span);
+  }
+  if (lo < 0 || hi > base_nbytes) return py::none();
+  std::vector<int64_t> geometry{offset, static_cast<int64_t>(facts.dtype->kind), itemsize};
+  geometry.insert(geometry.end(), facts.sizes.begin(), facts.sizes.end());
+  geometry.insert(geometry.end(), facts.strides.begin(), facts.strides.end());
+  const int64_t nbytes = facts.numel() * itemsize;
+  if (pending) return py::cast(PendingFields(base_fields, std::move(geometry), nbytes));
+  const auto base_hash = base_fields.cast<py::dict>()[key_hash()].cast<uint64_t>();
+  return derived_fields(base_hash, geometry, nbytes);
+}
+
+py::tuple EntryRecorder::input(py::handle slot, py::handle tensor, bool verify) {
+  const TensorFacts facts = probe_.read(tensor);
+  py::dict entry = probe_.entry(facts, tensor, slot);
+  auto [known, exact] = find(tensor, facts);
+  py::object fields = py::none();
+  if (known && exact) {
+    if (verify) {
+      fields = read(tensor, facts);
+    } else {
+      if (known->fields.is_none()) known->fields = read(tensor, facts);
+      fields = known->fields;
+    }
+  } else {
+    if (known && is_uninitialized(known->fields)) {
+      fields = known->fields;  // an alias of memory nobody has written yet
+    } else if (known) {        // a view of a known write, re-wrapped by C++ code
+      fields = view_fields(tensor, facts, known->address, known->derivable ? known->nbytes : -1,
+                           known->fields);
+    }
+    if (fields.is_none()) fields = read(tensor, facts);
+    remember(tensor, facts, known ? known->index : -1, known ? known->slot : 0, fields, false,
+             known == nullptr);
+  }
+  attach(entry, fields);
+  if (known && known->index >= 0) entry[key_producer()] = py::make_tuple(known->index, known->slot);
+  return py::make_tuple(std::move(entry), std::move(fields));
+}
+
+py::tuple EntryRecorder::output(py::handle slot, py::handle tensor, int64_t index, int64_t out_slot,
+                                int kind, bool written, py::handle base, py::handle base_fields) {
+  const TensorFacts facts = probe_.read(tensor);
+  py::dict entry = probe_.entry(facts, tensor, slot);
+  py::object fields = py::none();
+  const auto how = static_cast<OutputKind>(kind);
+  const bool view = how == OutputKind::View || how == OutputKind::ViewOfUninitialized;
+  if (how == OutputKind::Uninitialized || how == OutputKind::ViewOfUninitialized) {
+    fields = flag_only(kFlagUninitialized);
+  } else if (how == OutputKind::Read) {
+    fields = read(tensor, facts);
+  } else if (how == OutputKind::View && !base.is_none()) {
+    const TensorFacts base_facts = probe_.read(base);
+    uintptr_t base_address = 0;
+    const bool derivable =
+        probe_.views_derive_from(base, base_facts) && probe_.address(base, &base_address);
+    fields = view_fields(tensor, facts, base_address, derivable ? base_facts.nbytes() : -1,
+                         py::reinterpret_borrow<py::object>(base_fields));
+  }
+  if (view) entry[key_flags()] = kFlagView;
+  if (!fields.is_none()) {
+    attach(entry, fields);
+    if (view) add_flags(entry, kFlagView);  // keep FLAG_VIEW when the fields carry a flag
+  }
+  if (written) add_flags(entry, kFlagWritten);
+  remember(tensor, facts, index, out_slot, fields, written, !view);
+  return py::make_tuple(std::move(entry), std::move(fields));
+}
+
+void bind_provenance(py::module_& m) {
+  py::class_<EntryRecorder>(m, "EntryRecorder",
+                            "Trace entries of op inputs and outputs, with each tensor's "
+                            "producer and known fingerprint (see provenance.h).")
+      .def(py::init<py::object, int64_t>(), py::arg("probe"), py::arg("head_elements"))
+      .def("input", &EntryRecorder::input, py::arg("slot"), py::arg("tensor"), py::arg("verify"),
+           "(entry, fields) of an op input; fields a dict (in the entry) or PendingFields.")
+      .def("output", &EntryRecorder::output, py::arg("slot"), py::arg("tensor"), py::arg("index"),
+           py::arg("out_slot"), py::arg("kind"), py::arg("written"), py::arg("base"),
+           py::arg("base_fields"), "(entry, fields) of an op output; kind: one of OUTPUT_*.")
+      .def("settle", &EntryRecorder::settle)
+      .def("flush", &EntryRecorder::flush,
+           "Launches the GPU fingerprints of the entries made so far (see TensorProbe).")
+      .def("discard", &EntryRecorder::discard,
+           "Drops GPU fingerprints not launched yet (recording stopped).")
+      .def_property_readonly("reads", &EntryRecorder::reads);
+  m.attr("OUTPUT_READ") = static_cast<int>(OutputKind::Read);
+  m.attr("OUTPUT_UNINITIALIZED") = static_cast<int>(OutputKind::Uninitialized);
+  m.attr("OUTPUT_IN_FLIGHT") = static_cast<int>(OutputKind::InFlight);
+  m.attr("OUTPUT_VIEW") = static_cast<int>(OutputKind::View);
+  m.attr("OUTPUT_VIEW_OF_UNINITIALIZED") = static_cast<int>(OutputKind::ViewOfUninitialized);
+  m.attr("FLAG_VIEW") = kFlagView;
+  m.attr("FLAG_UNINITIALIZED") = kFlagUninitialized;
+  m.attr("FLAG_UNREADABLE") = kFlagUnreadable;
+  m.attr("FLAG_WRITTEN") = kFlagWritten;
+}
+
+}  // namespace opguard
