@@ -1,7 +1,7 @@
 """GPU fingerprint throughput against a device-to-device copy of the same tensor (the memory
 bandwidth baseline), and against ``torch.hash_tensor`` where torch has it, in one process.
 
-    python bench/fingerprint_gpu.py [--mib 1024]
+    python bench/fingerprint_gpu.py [--mib 1024] [--blocks-per-sm 4]
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import statistics
 
 import torch
 
+from opguard import _C
+from opguard.recorder import tensors
 from opguard.recorder.tensors import PendingFields, fingerprint_fields
 
 
@@ -41,7 +43,10 @@ def heads_permuted(x: torch.Tensor) -> torch.Tensor:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=1024)
+    parser.add_argument("--blocks-per-sm", type=int, help="the recorder's launch size instead")
     args = parser.parse_args()
+    if args.blocks_per_sm:
+        tensors._GPU = _C.GpuFingerprinter(blocks_per_sm=args.blocks_per_sm)
     print(f"{torch.cuda.get_device_name()}, {args.mib} MiB per tensor, GB/s of tensor bytes read")
     print(f"{'tensor':<24} {'copy':>8} {'opguard':>8} {'hash_tensor':>12}")
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int64):

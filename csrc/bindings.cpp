@@ -54,8 +54,10 @@ void bind_cuda(py::module_& m) {
   using opguard::cuda::GpuFingerprinter;
   py::class_<GpuFingerprinter>(m, "GpuFingerprinter",
                                "Fingerprints device tensors on their stream, without syncing.")
-      .def(py::init<uint64_t, uint64_t>(), py::arg("partial_capacity") = 1 << 20,
-           py::arg("head_capacity") = 1 << 17)
+      .def(py::init<uint64_t, uint64_t, int>(), py::arg("partial_capacity") = 1 << 20,
+           py::arg("head_capacity") = 1 << 17,
+           // 32 resident warps per SM hide DRAM latency (bench/fingerprint_gpu.py)
+           py::arg("blocks_per_sm") = 4)
       .def_property_readonly("launches", &GpuFingerprinter::launches,
                              "Tensors fingerprinted so far.")
       .def_property_readonly("kernel_launches", &GpuFingerprinter::kernel_launches,

@@ -17,7 +17,6 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kBlocksPerSm = 4;  // 32 resident warps per SM to hide DRAM latency
 
 struct Args {
   const uint8_t* data;
@@ -467,7 +466,8 @@ bool available(std::string* why) {
   return true;
 }
 
-GpuFingerprinter::GpuFingerprinter(uint64_t partial_capacity, uint64_t head_capacity)
+GpuFingerprinter::GpuFingerprinter(uint64_t partial_capacity, uint64_t head_capacity,
+                                   int blocks_per_sm)
     : partial_capacity_(partial_capacity), head_capacity_(head_capacity) {
   check(cudaHostAlloc(reinterpret_cast<void**>(&partials_), partial_capacity * sizeof(Partial),
                       cudaHostAllocMapped | cudaHostAllocPortable),
@@ -479,7 +479,7 @@ GpuFingerprinter::GpuFingerprinter(uint64_t partial_capacity, uint64_t head_capa
   int device = 0, sms = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
-  max_blocks_ = static_cast<uint64_t>(std::max(1, sms * kBlocksPerSm));
+  max_blocks_ = static_cast<uint64_t>(std::max(1, sms * blocks_per_sm));
 }
 
 GpuFingerprinter::~GpuFingerprinter() {

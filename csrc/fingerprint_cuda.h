@@ -50,7 +50,8 @@ struct Plan;  // how one tensor is fingerprinted (fingerprint_cuda.cu)
 // trace writer's thread; the ring bookkeeping is guarded by a mutex.
 class GpuFingerprinter {
  public:
-  GpuFingerprinter(uint64_t partial_capacity, uint64_t head_capacity);
+  // blocks_per_sm: the largest grid of one tensor's launch, per SM of the device.
+  GpuFingerprinter(uint64_t partial_capacity, uint64_t head_capacity, int blocks_per_sm);
   ~GpuFingerprinter();
   GpuFingerprinter(const GpuFingerprinter&) = delete;
   GpuFingerprinter& operator=(const GpuFingerprinter&) = delete;

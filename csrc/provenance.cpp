@@ -278,6 +278,52 @@ py::tuple EntryRecorder::output(py::handle slot, py::handle tensor, int64_t inde
   return py::make_tuple(std::move(entry), std::move(fields));
 }
 
+namespace {
+
+// The entry of an (entry, fields) pair, which goes to `pending` when its fields are not known yet.
+py::handle keep_entry(const py::tuple& made, py::list& pending) {
+  if (py::isinstance<PendingFields>(made[1])) pending.append(made);
+  return made[0];
+}
+
+py::object sequence(py::handle values) {
+  PyObject* fast = PySequence_Fast(values.ptr(), "expected a list or tuple");
+  if (fast == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(fast);
+}
+
+}  // namespace
+
+py::list EntryRecorder::inputs(py::handle name, py::handle values, bool verify, py::list pending) {
+  py::list entries;
+  const py::object items = sequence(values);
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(items.ptr());
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    py::handle item = PySequence_Fast_GET_ITEM(items.ptr(), k);
+    if (!probe_.is_tensor(item)) continue;
+    PyObject* slot = PyUnicode_FromFormat("%U[%zd]", name.ptr(), k);
+    if (slot == nullptr) throw py::error_already_set();
+    const py::tuple made = input(py::reinterpret_steal<py::object>(slot), item, verify);
+    entries.append(keep_entry(made, pending));
+  }
+  return entries;
+}
+
+py::list EntryRecorder::outputs(py::handle items, int64_t index, py::list pending) {
+  py::list entries;
+  const py::object all = sequence(items);
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(all.ptr());
+  const py::none none;
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    const py::object item = sequence(PySequence_Fast_GET_ITEM(all.ptr(), k));
+    PyObject** parts = PySequence_Fast_ITEMS(item.ptr());
+    const py::tuple made = output(parts[0], parts[1], index, k, static_cast<int>(OutputKind::Read),
+                                  parts[2] == Py_True, none, none);
+    entries.append(keep_entry(made, pending));
+  }
+  return entries;
+}
+
 void bind_provenance(py::module_& m) {
   py::class_<EntryRecorder>(m, "EntryRecorder",
                             "Trace entries of op inputs and outputs, with each tensor's "
@@ -288,6 +334,12 @@ void bind_provenance(py::module_& m) {
       .def("output", &EntryRecorder::output, py::arg("slot"), py::arg("tensor"), py::arg("index"),
            py::arg("out_slot"), py::arg("kind"), py::arg("written"), py::arg("base"),
            py::arg("base_fields"), "(entry, fields) of an op output; kind: one of OUTPUT_*.")
+      .def("inputs", &EntryRecorder::inputs, py::arg("name"), py::arg("values"), py::arg("verify"),
+           py::arg("pending"),
+           "input() of each tensor of a list argument; pending entries go to `pending`.")
+      .def("outputs", &EntryRecorder::outputs, py::arg("items"), py::arg("index"),
+           py::arg("pending"),
+           "output() of each (slot, tensor, written), read; pending entries go to `pending`.")
       .def("settle", &EntryRecorder::settle)
       .def("flush", &EntryRecorder::flush,
            "Launches the GPU fingerprints of the entries made so far (see TensorProbe).")

@@ -55,6 +55,13 @@ class EntryRecorder {
   pybind11::tuple output(pybind11::handle slot, pybind11::handle tensor, int64_t index,
                          int64_t out_slot, int kind, bool written, pybind11::handle base,
                          pybind11::handle base_fields);
+  // input() of each tensor of a list argument `name` (slots "name[k]"; other items skipped):
+  // the entries; (entry, PendingFields) pairs are appended to `pending`.
+  pybind11::list inputs(pybind11::handle name, pybind11::handle values, bool verify,
+                        pybind11::list pending);
+  // output() of each (slot, tensor, written) of `items`, read (kind Read), as output slots 0,
+  // 1, ...: the entries; (entry, PendingFields) pairs are appended to `pending`.
+  pybind11::list outputs(pybind11::handle items, int64_t index, pybind11::list pending);
   // Re-reads the versions of the last op's written tensors (bumped after it returned).
   void settle();
   void flush() { probe_.flush(); }

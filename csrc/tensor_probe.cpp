@@ -73,7 +73,6 @@ struct QueuedLaunch {
   PyObject* pending;  // a PendingFields, owned
   TensorView view;
   int device;
-  uintptr_t stream;
   int64_t head_elements;
 };
 thread_local std::vector<QueuedLaunch> t_queue;
@@ -111,6 +110,12 @@ TensorFacts TensorProbe::read(py::handle tensor) {
   for (PyObject* type : plain_types_) plain = plain || Py_TYPE(tensor.ptr()) == (PyTypeObject*)type;
   facts.readable = plain && facts.strided && (facts.cuda || facts.cpu);
   return facts;
+}
+
+bool TensorProbe::is_tensor(py::handle obj) const {
+  const int found = PyObject_IsInstance(obj.ptr(), plain_types_.front());
+  if (found < 0) throw py::error_already_set();
+  return found == 1;
 }
 
 py::dict TensorProbe::entry(const TensorFacts& facts, py::handle tensor, py::handle slot) {
@@ -209,12 +214,11 @@ py::object TensorProbe::launch(py::handle tensor, const TensorFacts& facts, uint
   (void)tensor;
   if (!gpu_) gpu_ = make_gpu_();
   py::object pending = py::cast(PendingFields(gpu_));
-  const auto stream = raw_stream_(facts.device).cast<uintptr_t>();
   t_queue.push_back(
       QueuedLaunch{pending.ptr(),
                    TensorView{reinterpret_cast<const uint8_t*>(address), facts.dtype->itemsize,
                               facts.sizes, facts.strides, facts.dtype->kind},
-                   facts.device, stream, head_elements});
+                   facts.device, head_elements});
   Py_INCREF(pending.ptr());
   return pending;
 #else
@@ -238,23 +242,25 @@ void TensorProbe::flush() {
   std::vector<TensorView> views;
   std::vector<cuda::Ticket> tickets;
   for (size_t i = 0; i < queue.size();) {
-    // consecutive launches on one stream with one head length go together
+    // consecutive launches on one device with one head length go together, on the device's
+    // current stream: the one the op ran on (flushes happen at the op's boundaries)
     size_t j = i;
     views.clear();
     tickets.clear();
     while (j < queue.size() && queue[j].device == queue[i].device &&
-           queue[j].stream == queue[i].stream && queue[j].head_elements == queue[i].head_elements) {
+           queue[j].head_elements == queue[i].head_elements) {
       views.push_back(queue[j++].view);
     }
     const QueuedLaunch& q = queue[i];
+    const auto stream = raw_stream_(q.device).cast<uintptr_t>();
     // Keeping the GIL avoids handing it to the trace writer on every op; only a full result
     // ring (which the writer empties) is waited for without it.
     size_t done =
-        fingerprinter.launch_many(views, q.device, q.stream, q.head_elements, 0.0, &tickets);
+        fingerprinter.launch_many(views, q.device, stream, q.head_elements, 0.0, &tickets);
     if (done < views.size()) {
       views.erase(views.begin(), views.begin() + static_cast<ptrdiff_t>(done));
       py::gil_scoped_release release;
-      fingerprinter.launch_many(views, q.device, q.stream, q.head_elements, kRingWaitSeconds,
+      fingerprinter.launch_many(views, q.device, stream, q.head_elements, kRingWaitSeconds,
                                 &tickets);
     }
     for (size_t k = 0; k < tickets.size(); ++k) {

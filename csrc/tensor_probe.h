@@ -44,7 +44,7 @@ struct TensorFacts {
 
 class TensorProbe {
  public:
-  // plain_types: the tensor classes whose memory is read (torch.Tensor, nn.Parameter);
+  // plain_types: the tensor classes whose memory is read (torch.Tensor first, nn.Parameter);
   // strided: torch.strided; dtype_info(dtype) -> (name, kind code, itemsize), asked once per
   // dtype; raw_stream(device) -> the current stream of a CUDA device as an integer; gpu() ->
   // the process's GpuFingerprinter, asked for on the first CUDA tensor.
@@ -52,6 +52,8 @@ class TensorProbe {
               pybind11::object raw_stream, pybind11::object gpu);
 
   TensorFacts read(pybind11::handle tensor);
+  // isinstance(obj, torch.Tensor)
+  bool is_tensor(pybind11::handle obj) const;
   // The metadata every entry has, read or not: {"n", "d", "s", "v", "t" (strided only)}.
   pybind11::dict entry(const TensorFacts& facts, pybind11::handle tensor, pybind11::handle slot);
   // The entry's content fields of a CPU tensor (a dict), a PendingFields for a CUDA tensor (its

@@ -265,14 +265,20 @@ class OpRecorder(TorchDispatchMode):
                 self._add_input(inputs, name, value)
         elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
             # A _foreach_ op's lists hold one tensor per parameter: decide once per list.
-            is_written, is_read = name in info.written_args, name not in info.out_args
-            for k, item in enumerate(value):
-                if isinstance(item, torch.Tensor):
-                    slot = f"{name}[{k}]"
-                    if is_written:
-                        written.append((slot, item))
-                    if is_read:
-                        self._add_input(inputs, slot, item)
+            if name in info.written_args:
+                written.extend(
+                    (f"{name}[{k}]", item)
+                    for k, item in enumerate(value)
+                    if isinstance(item, torch.Tensor)
+                )
+            if name in info.out_args:
+                return
+            if self._capturing or info.is_view:  # captures and views' bases: one at a time
+                for k, item in enumerate(value):
+                    if isinstance(item, torch.Tensor):
+                        self._add_input(inputs, f"{name}[{k}]", item)
+            else:
+                inputs.extend(self._entries.inputs(name, value, self.verify_inputs, self._pending))
         elif name != "generator":
             arguments.append([name, encode(value)])
 
@@ -323,15 +329,19 @@ class OpRecorder(TorchDispatchMode):
         info, inputs, written, arguments, rng, self._pending, self._base, self._capturing = pending
         index = self.next_index
         written_ids = {id(t) for _, t in written}
-        outputs: list[Fields] = []
-        seen: set[int] = set()
-        for slot, tensor in returned_tensors(out):
-            self._output(index, info, slot, tensor, inputs, outputs, id(tensor) in written_ids)
-            seen.add(id(tensor))
+        items = [(slot, t, id(t) in written_ids) for slot, t in returned_tensors(out)]
+        seen = {id(t) for _, t, _ in items}
         for slot, tensor in written:
             if id(tensor) not in seen:
-                self._output(index, info, slot, tensor, inputs, outputs, True)
+                items.append((slot, tensor, True))
                 seen.add(id(tensor))
+        outputs: list[Fields]
+        if self._capturing or self._in_flight or info.is_view or info.has_uninitialized:
+            outputs = []
+            for slot, tensor, was_written in items:
+                self._output(index, info, slot, tensor, inputs, outputs, was_written)
+        else:  # every output read: all in one native call
+            outputs = self._entries.outputs(items, index, self._pending)
         record: dict[str, Any] = {
             "i": index,
             "o": info.name_id,

@@ -48,6 +48,11 @@ class OpInfo:
     # F.gelu(x) and F.gelu(x, approximate="none") record the same call.
     defaults: tuple[tuple[str, Any], ...] = ()
 
+    @property
+    def has_uninitialized(self) -> bool:
+        """Whether some output may hold memory nobody has written (flagged, not read)."""
+        return self.uninitialized_output or bool(self.uninitialized_slots)
+
 
 def op_info(func: torch._ops.OpOverload, intern_name: object) -> OpInfo:
     schema = func._schema
