@@ -60,7 +60,7 @@ def distributed() -> bool:
 
 def build(
     batch: int, seq: int, compile: bool = False
-) -> tuple[Callable[[], float], torch.nn.Module]:
+) -> tuple[Callable[..., float], torch.nn.Module]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     ranked = distributed()  # first: it picks this rank's GPU
@@ -81,11 +81,15 @@ def build(
         inductor_config.wrap_inductor_compiled_regions = True
         forward = torch.compile(trained)
 
-    def step() -> float:
+    def step(mark: Callable[[str], None] = lambda phase: None) -> float:
+        """One training step; ``mark(phase)`` is called as each phase returns."""
         out = forward(tokens, labels=tokens)
+        mark("forward")
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
+        mark("backward")
         opt.step()
+        mark("optimizer")
         return 0.0
 
     return step, model

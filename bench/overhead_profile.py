@@ -9,9 +9,13 @@
    wrapping those functions with a timer; parts nest, so shares overlap;
 3. with ``--gpu``, the GPU time of the recorded steps by kernel, from torch.profiler (OpGuard's
    own kernel collection off, since CUPTI takes one subscriber): the fingerprint kernels' share
-   of the device.
+   of the device;
+4. with ``--phases``, plain and recorded side by side: when each phase of the step (forward,
+   backward, optimizer) returns on the host and when the GPU finishes it, from the step's
+   start. A phase whose GPU end follows its host end by little had the GPU waiting for the host.
 
-    python bench/overhead_profile.py [--steps 3] [--top 20] [--batch 8] [--seq 1024] [--gpu]
+    python bench/overhead_profile.py [--steps 3] [--top 20] [--batch 8] [--seq 1024]
+                                     [--gpu | --phases]
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import collections
 import gc
 import os
+import statistics
 import tempfile
 import threading
 import time
@@ -51,12 +56,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--gpu", action="store_true", help="GPU time by kernel instead")
+    parser.add_argument("--phases", action="store_true", help="host and GPU time by phase")
     args = parser.parse_args()
 
     step, _ = build(args.batch, args.seq)
     step()  # warm-up outside the recording
     if args.gpu:
         gpu_time_by_kernel(step, args.steps, args.top)
+    elif args.phases:
+        time_by_phase(step, args.steps)
     else:
         cpu_by_thread(step, args.steps)
         time_by_part(step, args.steps)
@@ -185,6 +193,47 @@ def gpu_time_by_kernel(step: Callable[[], float], steps: int, top: int) -> None:
     )
     for e in sorted(kernels, key=lambda e: -e.device_time_total)[:top]:
         print(f"  {e.device_time_total / steps / 1e3:8.2f} ms {e.count // steps:6d}x  {e.key[:90]}")
+
+
+def time_by_phase(step: Callable[..., float], steps: int) -> None:
+    def phases() -> dict[str, tuple[float, float]]:
+        """{phase: (host ms, GPU ms)} from the step's start, medians over ``steps``."""
+        samples: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+        for _ in range(steps):
+            torch.cuda.synchronize()
+            start = torch.cuda.Event(enable_timing=True)
+            marks: list[tuple[str, float, torch.cuda.Event]] = []
+
+            def mark(phase: str, marks: list = marks) -> None:
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+                marks.append((phase, time.perf_counter(), event))
+
+            start.record()
+            t0 = time.perf_counter()
+            step(mark)
+            torch.cuda.synchronize()
+            for phase, host, event in marks:
+                samples[phase].append(((host - t0) * 1e3, start.elapsed_time(event)))
+        return {
+            phase: (
+                statistics.median(h for h, _ in values),
+                statistics.median(g for _, g in values),
+            )
+            for phase, values in samples.items()
+        }
+
+    plain = phases()
+    with tempfile.TemporaryDirectory() as workdir, opguard.record(Path(workdir) / "run"):
+        step()
+        recorded = phases()
+    print("ms from the step's start: host returns / GPU finishes")
+    print(
+        f"  {'phase':<10} {'plain host':>10} {'plain GPU':>10} {'rec. host':>10} {'rec. GPU':>10}"
+    )
+    for phase, (host, gpu) in plain.items():
+        rec_host, rec_gpu = recorded[phase]
+        print(f"  {phase:<10} {host:10.1f} {gpu:10.1f} {rec_host:10.1f} {rec_gpu:10.1f}")
 
 
 def thread_cpu_seconds() -> dict[int, tuple[str, float]]:

@@ -124,7 +124,7 @@ std::pair<EntryRecorder::KnownPtr, bool> EntryRecorder::find(py::handle tensor,
 
 bool EntryRecorder::same_geometry(const Known& known, py::handle tensor, const TensorFacts& facts) {
   uintptr_t address = 0;
-  const bool has_address = probe_.address(tensor, &address);
+  const bool has_address = probe_.address(tensor, facts, &address);
   return has_address == known.has_address && address == known.address &&
          facts.dtype == known.dtype && facts.strided == known.strided &&
          facts.sizes == known.sizes && facts.strides == known.strides;
@@ -139,7 +139,7 @@ EntryRecorder::KnownPtr EntryRecorder::remember(py::handle tensor, const TensorF
   known->slot = slot;
   known->version = probe_.version(tensor);
   known->fields = std::move(fields);
-  known->has_address = probe_.address(tensor, &known->address);
+  known->has_address = probe_.address(tensor, facts, &known->address);
   known->dtype = facts.dtype;
   known->sizes = facts.sizes;
   known->strides = facts.strides;
@@ -191,14 +191,14 @@ py::object EntryRecorder::view_fields(py::handle view, const TensorFacts& facts,
                                       uintptr_t base_address, int64_t base_nbytes,
                                       const py::object& base_fields) {
   if (base_fields.is_none() || base_nbytes < 0 || !facts.readable) return py::none();
-  if (probe_.has_lazy_bits(view)) return py::none();
+  if (probe_.has_lazy_bits(view, facts)) return py::none();
   const bool pending = py::isinstance<PendingFields>(base_fields);
   if (!pending && !(PyDict_Check(base_fields.ptr()) &&
                     PyDict_Contains(base_fields.ptr(), key_hash().ptr()) == 1)) {
     return py::none();
   }
   uintptr_t address = 0;
-  if (!probe_.address(view, &address)) return py::none();
+  if (!probe_.address(view, facts, &address)) return py::none();
   const int64_t itemsize = facts.dtype->itemsize;
   const auto offset = static_cast<int64_t>(address - base_address);
   int64_t lo = offset, hi = offset + itemsize;
@@ -263,8 +263,8 @@ py::tuple EntryRecorder::output(py::handle slot, py::handle tensor, int64_t inde
   } else if (how == OutputKind::View && !base.is_none()) {
     const TensorFacts base_facts = probe_.read(base);
     uintptr_t base_address = 0;
-    const bool derivable =
-        probe_.views_derive_from(base, base_facts) && probe_.address(base, &base_address);
+    const bool derivable = probe_.views_derive_from(base, base_facts) &&
+                           probe_.address(base, base_facts, &base_address);
     fields = view_fields(tensor, facts, base_address, derivable ? base_facts.nbytes() : -1,
                          py::reinterpret_borrow<py::object>(base_fields));
   }

@@ -136,39 +136,48 @@ py::object TensorProbe::fingerprint(py::handle tensor, const TensorFacts& facts,
     unreadable[names().f] = py::int_(kFlagUnreadable);
     return std::move(unreadable);
   }
-  if (has_lazy_bits(tensor)) {
+  if (has_lazy_bits(tensor, facts)) {
     // torch applies these bits when the tensor is read: fingerprint the values, not the bytes
     const Names& k = names();
     py::object resolved = call(call(tensor, k.resolve_conj), k.resolve_neg);
     return fingerprint(resolved, read(resolved), head_elements);
   }
   uintptr_t address = 0;
-  if (!this->address(tensor, &address)) throw py::error_already_set();
+  if (!this->address(tensor, facts, &address)) throw py::error_already_set();
   if (facts.cuda) return launch(tensor, facts, address, head_elements);
   const TensorView view{reinterpret_cast<const uint8_t*>(address), facts.dtype->itemsize,
                         facts.sizes, facts.strides, facts.dtype->kind};
   return entry_fields(fingerprint_cpu_releasing_gil(view, head_elements), facts.dtype->kind);
 }
 
-bool TensorProbe::address(py::handle tensor, uintptr_t* out) {
-  PyObject* value = PyObject_CallMethodNoArgs(tensor.ptr(), names().data_ptr.ptr());
-  if (value == nullptr) {  // no storage: sparse, nested, some subclasses
-    PyErr_Clear();
-    return false;
+bool TensorProbe::address(py::handle tensor, const TensorFacts& facts, uintptr_t* out) {
+  if (facts.address_known == 0) {
+    PyObject* value = PyObject_CallMethodNoArgs(tensor.ptr(), names().data_ptr.ptr());
+    if (value == nullptr) {  // no storage: sparse, nested, some subclasses
+      PyErr_Clear();
+      facts.address_known = -1;
+    } else {
+      facts.address = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(value));
+      Py_DECREF(value);
+      if (PyErr_Occurred()) throw py::error_already_set();
+      facts.address_known = 1;
+    }
   }
-  *out = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(value));
-  Py_DECREF(value);
-  if (PyErr_Occurred()) throw py::error_already_set();
-  return true;
+  *out = facts.address;
+  return facts.address_known == 1;
 }
 
-bool TensorProbe::has_lazy_bits(py::handle tensor) {
-  const Names& k = names();
-  return is_true(call(tensor, k.is_conj)) || is_true(call(tensor, k.is_neg));
+bool TensorProbe::has_lazy_bits(py::handle tensor, const TensorFacts& facts) {
+  if (facts.lazy_bits < 0) {
+    const Names& k = names();
+    facts.lazy_bits = is_true(call(tensor, k.is_conj)) || is_true(call(tensor, k.is_neg));
+  }
+  return facts.lazy_bits == 1;
 }
 
 bool TensorProbe::views_derive_from(py::handle tensor, const TensorFacts& facts) {
-  return facts.readable && is_true(call(tensor, names().is_contiguous)) && !has_lazy_bits(tensor);
+  return facts.readable && is_true(call(tensor, names().is_contiguous)) &&
+         !has_lazy_bits(tensor, facts);
 }
 
 int64_t TensorProbe::version(py::handle tensor) {

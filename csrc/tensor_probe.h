@@ -37,6 +37,11 @@ struct TensorFacts {
   const DtypeInfo* dtype = nullptr;
   std::vector<int64_t> sizes;  // empty for a nested tensor (it has no single shape)
   std::vector<int64_t> strides;
+  // Asked of torch on first use (TensorProbe::address, has_lazy_bits), then remembered: an
+  // entry needs each up to three times.
+  mutable int8_t address_known = 0;  // 0: not asked yet, 1: `address` holds it, -1: none
+  mutable uintptr_t address = 0;
+  mutable int8_t lazy_bits = -1;  // -1: not asked yet
 
   int64_t numel() const;
   int64_t nbytes() const { return numel() * dtype->itemsize; }
@@ -67,9 +72,9 @@ class TensorProbe {
   // Drops this thread's queued launches (recording stopped); their fields never resolve.
   void discard();
   // The first element's address; false when the tensor has no storage (sparse, nested).
-  bool address(pybind11::handle tensor, uintptr_t* out);
+  bool address(pybind11::handle tensor, const TensorFacts& facts, uintptr_t* out);
   // Whether the conjugate or negative bit is set: its stored bytes are not its values.
-  bool has_lazy_bits(pybind11::handle tensor);
+  bool has_lazy_bits(pybind11::handle tensor, const TensorFacts& facts);
   // Whether views of this tensor can take fingerprints derived from its own: its memory is
   // read, it is contiguous and it has no lazy bits.
   bool views_derive_from(pybind11::handle tensor, const TensorFacts& facts);
