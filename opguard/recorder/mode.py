@@ -104,29 +104,36 @@ class OpRecorder(TorchDispatchMode):
     ) -> Any:
         if kwargs is None:
             kwargs = {}
-        if not self.active or func.namespace in UNRECORDED_NAMESPACES:
+        info = self._infos.get(func)
+        if not self.active or (info is None and func.namespace in UNRECORDED_NAMESPACES):
             return func(*args, **kwargs)
-        if any(t not in PLAIN_TENSORS for t in types):
-            if any(issubclass(t, DATALESS_TENSORS) for t in types):
-                # Fake and functional tensors (DTensor's sharding propagation, tracing) hold no
-                # data, and refuse to run while another mode is active: run them unrecorded.
+        for t in types:
+            if t not in PLAIN_TENSORS:
+                if any(issubclass(t, DATALESS_TENSORS) for t in types):
+                    # Fake and functional tensors (DTensor's sharding propagation, tracing)
+                    # hold no data, and refuse to run while another mode is active: run them
+                    # unrecorded.
+                    return func(*args, **kwargs)
+                # A tensor subclass (the functional collectives' AsyncCollectiveTensor,
+                # DTensor) may hold no storage to read: let it unwrap itself; the ops it runs
+                # on plain tensors come back through this mode and are recorded.
+                return NotImplemented
+        if info is None:
+            try:
+                info = self.info_for(func, lambda: op_info(func, self._writer.intern_name))
+            except Exception as exc:
+                self.fail(exc)
                 return func(*args, **kwargs)
-            # A tensor subclass (the functional collectives' AsyncCollectiveTensor, DTensor)
-            # may hold no storage to read: let it unwrap itself; the ops it runs on plain
-            # tensors come back through this mode and are recorded.
-            return NotImplemented
-        try:
-            info = self.info_for(func, lambda: op_info(func, self._writer.intern_name))
-        except Exception as exc:
-            self.fail(exc)
-            return func(*args, **kwargs)
+        if not is_collective(func.namespace):
+            return self.record_call(info, func, args, kwargs)
         # An output still in flight is fingerprinted by its first reader, not here.
-        in_flight = (
-            (lambda out: not wait(func.namespace, func._opname, out))
-            if is_collective(func.namespace)
-            else None
+        return self.record_call(
+            info,
+            func,
+            args,
+            kwargs,
+            in_flight=lambda out: not wait(func.namespace, func._opname, out),
         )
-        return self.record_call(info, func, args, kwargs, in_flight=in_flight)
 
     def record_call(
         self,
@@ -238,8 +245,12 @@ class OpRecorder(TorchDispatchMode):
         for name, value in kwargs.items():
             self._classify(info, name, value, inputs, written, arguments)
         if info.defaults:
-            passed = set(names[: len(args)]).union(kwargs)
-            arguments.extend([name, value] for name, value in info.defaults if name not in passed)
+            given = len(args)
+            arguments.extend(
+                [name, value]
+                for name, value, position in info.defaults
+                if position >= given and name not in kwargs
+            )
         rng = self._rng_state(kwargs.get("generator"), args, kwargs) if info.is_random else None
         self._entries.flush()  # the inputs' GPU fingerprints run before the op can change them
         if not info.is_view:
@@ -328,13 +339,9 @@ class OpRecorder(TorchDispatchMode):
         # The scratch state of this op, which ops recorded inside it (a compiled region's) reset.
         info, inputs, written, arguments, rng, self._pending, self._base, self._capturing = pending
         index = self.next_index
-        written_ids = {id(t) for _, t in written}
-        items = [(slot, t, id(t) in written_ids) for slot, t in returned_tensors(out)]
-        seen = {id(t) for _, t, _ in items}
-        for slot, tensor in written:
-            if id(tensor) not in seen:
-                items.append((slot, tensor, True))
-                seen.add(id(tensor))
+        items = [(slot, t, False) for slot, t in returned_tensors(out)]
+        if written:  # in-place and out= ops: their written arguments are outputs too
+            items = self._with_written(items, written)
         outputs: list[Fields]
         if self._capturing or self._in_flight or info.is_view or info.has_uninitialized:
             outputs = []
@@ -363,6 +370,20 @@ class OpRecorder(TorchDispatchMode):
             self._writer.append(index, record)
         # Counted once queued: a failure above reports this op as the first one not recorded.
         self.next_index = index + 1
+
+    @staticmethod
+    def _with_written(
+        items: list[tuple[str, torch.Tensor, bool]], written: list[tuple[str, torch.Tensor]]
+    ) -> list[tuple[str, torch.Tensor, bool]]:
+        """The returned tensors flagged when written, then the written ones not returned."""
+        written_ids = {id(t) for _, t in written}
+        flagged = [(slot, t, id(t) in written_ids) for slot, t, _ in items]
+        seen = {id(t) for _, t, _ in items}
+        for slot, tensor in written:
+            if id(tensor) not in seen:
+                flagged.append((slot, tensor, True))
+                seen.add(id(tensor))
+        return flagged
 
     def _output(
         self,

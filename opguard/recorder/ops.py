@@ -44,9 +44,10 @@ class OpInfo:
     is_random: bool
     uninitialized_output: bool
     uninitialized_slots: frozenset[str]  # output slots holding partly unwritten memory
-    # Non-tensor arguments with a schema default: recorded when the caller leaves them out, so
-    # F.gelu(x) and F.gelu(x, approximate="none") record the same call.
-    defaults: tuple[tuple[str, Any], ...] = ()
+    # Non-tensor arguments with a schema default (name, value, position): recorded when the
+    # caller leaves them out, so F.gelu(x) and F.gelu(x, approximate="none") record the same
+    # call.
+    defaults: tuple[tuple[str, Any, int], ...] = ()
 
     @property
     def has_uninitialized(self) -> bool:
@@ -71,8 +72,8 @@ def op_info(func: torch._ops.OpOverload, intern_name: object) -> OpInfo:
         uninitialized_output=base in UNINITIALIZED_OUTPUT_OPS,
         uninitialized_slots=PARTLY_UNINITIALIZED_OUTPUTS.get(base, frozenset()),
         defaults=tuple(
-            (a.name, encode(a.default_value))
-            for a in args
+            (a.name, encode(a.default_value), position)
+            for position, a in enumerate(args)
             if a.has_default_value()
             and not a.is_out
             and a.name != "generator"
