@@ -702,6 +702,12 @@ size_t GpuFingerprinter::launch_many(const std::vector<TensorView>& views, int d
   return tickets->size() - start;
 }
 
+double GpuFingerprinter::load() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::max(static_cast<double>(partial_head_ - partial_tail_) / partial_capacity_,
+                  static_cast<double>(head_next_ - head_tail_) / head_capacity_);
+}
+
 bool GpuFingerprinter::ready(const Ticket& t) const {
   const Partial* p = partials_ + (t.first % partial_capacity_);
   for (uint32_t b = 0; b < t.blocks; ++b) {

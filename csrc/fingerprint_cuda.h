@@ -72,6 +72,8 @@ class GpuFingerprinter {
   // Waits for the ticket's kernels, reduces the partials in block order, frees ring space.
   Fingerprint collect(const Ticket& t, double timeout_s);
   uint64_t launches() const { return seq_; }  // tensors fingerprinted
+  // The fraction of the result rings held by results not collected yet.
+  double load() const;
   uint64_t kernel_launches() const { return kernel_launches_; }
 
  private:

@@ -316,6 +316,9 @@ py::list EntryRecorder::outputs(py::handle items, int64_t index, py::list pendin
   const py::none none;
   for (Py_ssize_t k = 0; k < n; ++k) {
     const py::object item = sequence(PySequence_Fast_GET_ITEM(all.ptr(), k));
+    if (PySequence_Fast_GET_SIZE(item.ptr()) != 3) {
+      throw py::value_error("an output item is (slot, tensor, written)");
+    }
     PyObject** parts = PySequence_Fast_ITEMS(item.ptr());
     const py::tuple made = output(parts[0], parts[1], index, k, static_cast<int>(OutputKind::Read),
                                   parts[2] == Py_True, none, none);
@@ -345,6 +348,8 @@ void bind_provenance(py::module_& m) {
            "Launches the GPU fingerprints of the entries made so far (see TensorProbe).")
       .def("discard", &EntryRecorder::discard,
            "Drops GPU fingerprints not launched yet (recording stopped).")
+      .def("ring_load", &EntryRecorder::ring_load,
+           "The fraction of the GPU result rings waiting for the trace writer.")
       .def_property_readonly("reads", &EntryRecorder::reads);
   m.attr("OUTPUT_READ") = static_cast<int>(OutputKind::Read);
   m.attr("OUTPUT_UNINITIALIZED") = static_cast<int>(OutputKind::Uninitialized);

@@ -66,6 +66,7 @@ class EntryRecorder {
   void settle();
   void flush() { probe_.flush(); }
   void discard() { probe_.discard(); }
+  double ring_load() { return probe_.ring_load(); }
   // Tensors whose memory was read (or whose GPU read was launched) so far.
   int64_t reads() const { return reads_; }
 

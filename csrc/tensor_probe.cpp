@@ -280,6 +280,13 @@ void TensorProbe::flush() {
 #endif
 }
 
+double TensorProbe::ring_load() {
+#if OPGUARD_WITH_CUDA
+  if (gpu_) return gpu_.cast<cuda::GpuFingerprinter&>().load();
+#endif
+  return 0.0;
+}
+
 void TensorProbe::discard() {
 #if OPGUARD_WITH_CUDA
   for (auto& q : t_queue) Py_DECREF(q.pending);

@@ -71,6 +71,8 @@ class TensorProbe {
   void flush();
   // Drops this thread's queued launches (recording stopped); their fields never resolve.
   void discard();
+  // The fraction of the GPU result rings waiting to be collected (0 before any GPU tensor).
+  double ring_load();
   // The first element's address; false when the tensor has no storage (sparse, nested).
   bool address(pybind11::handle tensor, const TensorFacts& facts, uintptr_t* out);
   // Whether the conjugate or negative bit is set: its stored bytes are not its values.

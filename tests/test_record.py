@@ -515,6 +515,25 @@ def test_recorder_failure_does_not_stop_training(
     assert json.loads(shown_json.stdout)["ranks"][0]["recorder_failure"]["at_op"] == at_op
 
 
+def test_the_writer_is_woken_as_each_backward_pass_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPU records are packed while a backward pass runs (the host then has time to spare),
+    not during the forward pass: the recorder wakes the writer once per backward pass."""
+    from opguard.store.writer import TraceWriter
+
+    wakes: list[int] = []
+    real_wake = TraceWriter.wake
+    monkeypatch.setattr(TraceWriter, "wake", lambda self: (wakes.append(1), real_wake(self)))
+    model = torch.nn.Linear(4, 2)
+    with opguard.record(tmp_path / "run"):
+        for _ in range(3):
+            model(torch.ones(3, 4)).sum().backward()
+            torch.ones(2) * 2  # a forward op between backward passes
+            opguard.step()
+    assert len(wakes) == 3
+
+
 # -- fingerprints: reuse, views, uninitialized memory ----------------------------------------
 
 

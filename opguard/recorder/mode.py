@@ -39,6 +39,10 @@ _VIEW, _VIEW_OF_UNINITIALIZED = _C.OUTPUT_VIEW, _C.OUTPUT_VIEW_OF_UNINITIALIZED
 Fields = dict[str, Any]
 Pending = list[tuple[Fields, PendingFields]]  # entries whose GPU fingerprint is in flight
 
+# Share of the GPU result rings in use at which the trace writer is woken to collect them (it is
+# otherwise woken at the start of each backward pass, or by the number of records queued).
+RING_DRAIN = 0.5
+
 # Bookkeeping ops that compute nothing: record_function markers carry object addresses that
 # differ between runs of the same program.
 UNRECORDED_NAMESPACES = frozenset({"profiler"})
@@ -75,6 +79,7 @@ class OpRecorder(TorchDispatchMode):
         self._base: tuple[torch.Tensor, Fields | PendingFields | None] | None = None
         self._forward_sites: dict[int, tuple[int, int | None, int | None]] = {}
         self._last_sequence_nr = -1
+        self._in_backward = False  # the last op recorded ran in a backward pass
         self._in_flight = False
         self.next_index = 0
         self.kernels: KernelActivity | None = None  # set when CUPTI collects GPU activity
@@ -366,6 +371,8 @@ class OpRecorder(TorchDispatchMode):
         self._entries.flush()  # launched before the writer can wait for them
         if self._pending:
             self._writer.append(index, DeferredRecord(record, self._pending))
+            if self._entries.ring_load() > RING_DRAIN:  # before launches wait for space
+                self._writer.wake()
         else:
             self._writer.append(index, record)
         # Counted once queued: a failure above reports this op as the first one not recorded.
@@ -424,6 +431,9 @@ class OpRecorder(TorchDispatchMode):
         """Phase, call site and stack; backward ops borrow their forward op's call site."""
         node = torch._C._current_autograd_node()
         if node is not None:
+            if not self._in_backward:  # the host has time to spare: let the writer catch up
+                self._in_backward = True
+                self._writer.wake()
             record["p"] = _BACKWARD
             forward = self._forward_sites.get(node._sequence_nr())
             if forward is not None:
@@ -433,6 +443,7 @@ class OpRecorder(TorchDispatchMode):
                 return
             located = self._sites.capture()
         else:
+            self._in_backward = False
             steps = self._steps
             record["p"] = (
                 _OPTIMIZER

@@ -20,7 +20,9 @@ import msgpack
 
 from . import schema
 
-GPU_BATCH = 256  # pending GPU records that wake the writer
+# Pending GPU records that wake the writer (they hold fingerprint ring space); below that, they
+# wait for the next wake() (the recorder's at the start of each backward pass) or flush interval.
+GPU_BATCH = 1024
 # 1 TiB of address space: LMDB maps it lazily and the file only grows as pages are written.
 MAP_SIZE = 1 << 40
 
@@ -121,6 +123,13 @@ class TraceWriter:
         # GPU records hold fingerprint ring space until packed: drain them in small batches.
         if count >= self._batch_size or (callable(record) and count % GPU_BATCH == 0):
             self._wake.set()
+
+    def wake(self) -> None:
+        """Drains the queue now rather than at the next batch or interval. The recorder calls it
+        as a backward pass starts: GPU records are then packed while the GPU, not the host,
+        bounds the step, instead of taking the GIL from the forward pass, whose host work
+        usually bounds it (docs/PERFORMANCE.md)."""
+        self._wake.set()
 
     def _run(self) -> None:
         while True:
