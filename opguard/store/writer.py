@@ -1,8 +1,9 @@
 """Batched, crash-tolerant writing of one rank's trace into LMDB from a background thread.
 
-The training thread only appends small Python objects to a pending list; a daemon thread packs
-them with msgpack and commits them in one LMDB transaction per batch, with ``append=True`` puts
-(keys are increasing). A process killed with SIGKILL therefore leaves a consistent trace up to
+The training thread packs a plain record with msgpack as it appends it; a GPU record, whose
+fingerprints the device is still computing, is completed and packed by a daemon thread, which
+commits everything in one LMDB transaction per batch, with ``append=True`` puts (keys are
+increasing). A process killed with SIGKILL therefore leaves a consistent trace up to
 its last committed batch: at most ``flush_interval`` seconds of ops are lost.
 """
 
