@@ -3,6 +3,7 @@
 #include <cstring>
 #include <unordered_set>
 
+#include "names.h"
 #include "results.h"
 #include "tensor_probe.h"
 
@@ -21,10 +22,11 @@ py::dict derived_fields(uint64_t base_hash, const std::vector<int64_t>& geometry
   std::memcpy(bytes.data(), &base_hash, 8);
   std::memcpy(bytes.data() + 8, geometry.data(), 8 * geometry.size());
   const TensorView view{bytes.data(), 1, {static_cast<int64_t>(bytes.size())}, {1}, Kind::Opaque};
+  const Names& k = names();
   py::dict fields;
-  fields["h"] = py::int_(fingerprint_cpu(view, 0).hash);
-  fields["z"] = py::int_(nbytes);
-  fields["f"] = py::int_(kFlagView);
+  fields[k.h] = py::int_(fingerprint_cpu(view, 0).hash);
+  fields[k.z] = py::int_(nbytes);
+  fields[k.f] = py::int_(kFlagView);
   return fields;
 }
 

@@ -3,25 +3,14 @@
 #include <algorithm>
 #include <climits>
 
+#include "names.h"
 #include "pending.h"
+#include "results.h"
 
 namespace py = pybind11;
 
 namespace opguard {
 namespace {
-
-const py::str& key_flags() {
-  static const py::str* const kKey = new py::str("f");
-  return *kKey;
-}
-const py::str& key_hash() {
-  static const py::str* const kKey = new py::str("h");
-  return *kKey;
-}
-const py::str& key_producer() {
-  static const py::str* const kKey = new py::str("p");
-  return *kKey;
-}
 
 // The object a weak reference points to (borrowed), or None once it is gone.
 PyObject* referent(const py::object& ref) {
@@ -47,15 +36,13 @@ py::object weak_reference(py::handle obj) {
 // The tensor's storage object and its address; a null object when it has none (meta, sparse,
 // nested, some subclasses).
 py::object storage_of(py::handle tensor, uintptr_t* address) {
-  static const py::str* const kUntypedStorage = new py::str("untyped_storage");
-  static const py::str* const kDataPtr = new py::str("data_ptr");
-  PyObject* storage = PyObject_CallMethodNoArgs(tensor.ptr(), kUntypedStorage->ptr());
+  PyObject* storage = PyObject_CallMethodNoArgs(tensor.ptr(), names().untyped_storage.ptr());
   if (storage == nullptr) {
     PyErr_Clear();
     return py::object();
   }
   py::object owned = py::reinterpret_steal<py::object>(storage);
-  PyObject* ptr = PyObject_CallMethodNoArgs(storage, kDataPtr->ptr());
+  PyObject* ptr = PyObject_CallMethodNoArgs(storage, names().data_ptr.ptr());
   if (ptr == nullptr) {
     PyErr_Clear();
     return py::object();
@@ -67,7 +54,7 @@ py::object storage_of(py::handle tensor, uintptr_t* address) {
 }
 
 int flags_of(const py::dict& entry) {
-  PyObject* value = PyDict_GetItemWithError(entry.ptr(), key_flags().ptr());
+  PyObject* value = PyDict_GetItemWithError(entry.ptr(), names().f.ptr());
   if (value == nullptr) {
     if (PyErr_Occurred()) throw py::error_already_set();
     return 0;
@@ -75,13 +62,7 @@ int flags_of(const py::dict& entry) {
   return static_cast<int>(PyLong_AsLong(value));
 }
 
-void add_flags(py::dict& entry, int flags) { entry[key_flags()] = flags_of(entry) | flags; }
-
-py::dict flag_only(int flag) {
-  py::dict fields;
-  fields[key_flags()] = flag;
-  return fields;
-}
+void add_flags(py::dict& entry, int flags) { entry[names().f] = flags_of(entry) | flags; }
 
 bool is_uninitialized(const py::object& fields) {
   return PyDict_Check(fields.ptr()) &&
@@ -194,7 +175,7 @@ py::object EntryRecorder::view_fields(py::handle view, const TensorFacts& facts,
   if (probe_.has_lazy_bits(view, facts)) return py::none();
   const bool pending = py::isinstance<PendingFields>(base_fields);
   if (!pending && !(PyDict_Check(base_fields.ptr()) &&
-                    PyDict_Contains(base_fields.ptr(), key_hash().ptr()) == 1)) {
+                    PyDict_Contains(base_fields.ptr(), names().h.ptr()) == 1)) {
     return py::none();
   }
   uintptr_t address = 0;
@@ -217,7 +198,7 @@ py::object EntryRecorder::view_fields(py::handle view, const TensorFacts& facts,
   geometry.insert(geometry.end(), facts.strides.begin(), facts.strides.end());
   const int64_t nbytes = facts.numel() * itemsize;
   if (pending) return py::cast(PendingFields(base_fields, std::move(geometry), nbytes));
-  const auto base_hash = base_fields.cast<py::dict>()[key_hash()].cast<uint64_t>();
+  const auto base_hash = base_fields.cast<py::dict>()[names().h].cast<uint64_t>();
   return derived_fields(base_hash, geometry, nbytes);
 }
 
@@ -245,7 +226,7 @@ py::tuple EntryRecorder::input(py::handle slot, py::handle tensor, bool verify) 
              known == nullptr);
   }
   attach(entry, fields);
-  if (known && known->index >= 0) entry[key_producer()] = py::make_tuple(known->index, known->slot);
+  if (known && known->index >= 0) entry[names().p] = py::make_tuple(known->index, known->slot);
   return py::make_tuple(std::move(entry), std::move(fields));
 }
 
@@ -257,7 +238,7 @@ py::tuple EntryRecorder::output(py::handle slot, py::handle tensor, int64_t inde
   const auto how = static_cast<OutputKind>(kind);
   const bool view = how == OutputKind::View || how == OutputKind::ViewOfUninitialized;
   if (how == OutputKind::Uninitialized || how == OutputKind::ViewOfUninitialized) {
-    fields = flag_only(kFlagUninitialized);
+    fields = flag_fields(kFlagUninitialized);
   } else if (how == OutputKind::Read) {
     fields = read(tensor, facts);
   } else if (how == OutputKind::View && !base.is_none()) {
@@ -268,7 +249,7 @@ py::tuple EntryRecorder::output(py::handle slot, py::handle tensor, int64_t inde
     fields = view_fields(tensor, facts, base_address, derivable ? base_facts.nbytes() : -1,
                          py::reinterpret_borrow<py::object>(base_fields));
   }
-  if (view) entry[key_flags()] = kFlagView;
+  if (view) entry[names().f] = kFlagView;
   if (!fields.is_none()) {
     attach(entry, fields);
     if (view) add_flags(entry, kFlagView);  // keep FLAG_VIEW when the fields carry a flag

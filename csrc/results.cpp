@@ -1,5 +1,7 @@
 #include "results.h"
 
+#include "names.h"
+
 namespace py = pybind11;
 
 namespace opguard {
@@ -40,12 +42,19 @@ py::tuple result_tuple(const Fingerprint& fp, Kind kind) {
 }
 
 py::dict entry_fields(const Fingerprint& fp, Kind kind) {
+  const Names& k = names();
   py::dict fields;
-  fields["h"] = py::int_(fp.hash);
-  fields["z"] = py::int_(fp.nbytes);
-  fields["b"] = head_bytes(fp);
+  fields[k.h] = py::int_(fp.hash);
+  fields[k.z] = py::int_(fp.nbytes);
+  fields[k.b] = head_bytes(fp);
   py::object stats = stats_tuple(fp, kind);
-  if (!stats.is_none()) fields["m"] = py::list(stats);
+  if (!stats.is_none()) fields[k.m] = py::list(stats);
+  return fields;
+}
+
+py::dict flag_fields(int flag) {
+  py::dict fields;
+  fields[names().f] = flag;
   return fields;
 }
 

@@ -21,4 +21,8 @@ pybind11::tuple result_tuple(const Fingerprint& fp, Kind kind);
 // for kinds with stats; min/max/mean/absmax None when no element is finite)
 pybind11::dict entry_fields(const Fingerprint& fp, Kind kind);
 
+// {"f": flag}: the content fields of an entry whose memory is not read (unreadable,
+// uninitialized).
+pybind11::dict flag_fields(int flag);
+
 }  // namespace opguard

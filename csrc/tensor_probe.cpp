@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "names.h"
 #include "pending.h"
 #include "results.h"
 #if OPGUARD_WITH_CUDA
@@ -12,21 +13,6 @@ namespace py = pybind11;
 
 namespace opguard {
 namespace {
-
-// Attribute and method names, made once (the recorder reads them for every tensor).
-struct Names {
-  py::str dtype{"dtype"}, shape{"shape"}, layout{"layout"}, device{"device"}, is_cuda{"is_cuda"},
-      is_cpu{"is_cpu"}, is_nested{"is_nested"}, version{"_version"};
-  py::str stride{"stride"}, data_ptr{"data_ptr"}, get_device{"get_device"}, is_conj{"is_conj"},
-      is_neg{"is_neg"}, resolve_conj{"resolve_conj"}, resolve_neg{"resolve_neg"},
-      is_contiguous{"is_contiguous"};
-  py::str n{"n"}, d{"d"}, s{"s"}, v{"v"}, t{"t"}, f{"f"}, cpu{"cpu"};
-};
-
-const Names& names() {
-  static const Names* const kNames = new Names();  // never destroyed: outlives the interpreter
-  return *kNames;
-}
 
 py::object attribute(py::handle obj, const py::str& name) {
   PyObject* value = PyObject_GetAttr(obj.ptr(), name.ptr());
@@ -131,11 +117,7 @@ py::dict TensorProbe::entry(const TensorFacts& facts, py::handle tensor, py::han
 
 py::object TensorProbe::fingerprint(py::handle tensor, const TensorFacts& facts,
                                     int64_t head_elements) {
-  if (!facts.readable) {
-    py::dict unreadable;
-    unreadable[names().f] = py::int_(kFlagUnreadable);
-    return std::move(unreadable);
-  }
+  if (!facts.readable) return flag_fields(kFlagUnreadable);
   if (has_lazy_bits(tensor, facts)) {
     // torch applies these bits when the tensor is read: fingerprint the values, not the bytes
     const Names& k = names();
@@ -144,7 +126,7 @@ py::object TensorProbe::fingerprint(py::handle tensor, const TensorFacts& facts,
   }
   uintptr_t address = 0;
   if (!this->address(tensor, facts, &address)) throw py::error_already_set();
-  if (facts.cuda) return launch(tensor, facts, address, head_elements);
+  if (facts.cuda) return launch(facts, address, head_elements);
   const TensorView view{reinterpret_cast<const uint8_t*>(address), facts.dtype->itemsize,
                         facts.sizes, facts.strides, facts.dtype->kind};
   return entry_fields(fingerprint_cpu_releasing_gil(view, head_elements), facts.dtype->kind);
@@ -217,10 +199,8 @@ py::object TensorProbe::device_name(py::handle tensor, const TensorFacts& facts)
   return py::str(attribute(tensor, names().device));
 }
 
-py::object TensorProbe::launch(py::handle tensor, const TensorFacts& facts, uintptr_t address,
-                               int64_t head_elements) {
+py::object TensorProbe::launch(const TensorFacts& facts, uintptr_t address, int64_t head_elements) {
 #if OPGUARD_WITH_CUDA
-  (void)tensor;
   if (!gpu_) gpu_ = make_gpu_();
   py::object pending = py::cast(PendingFields(gpu_));
   t_queue.push_back(
@@ -231,7 +211,7 @@ py::object TensorProbe::launch(py::handle tensor, const TensorFacts& facts, uint
   Py_INCREF(pending.ptr());
   return pending;
 #else
-  (void)tensor, (void)facts, (void)address, (void)head_elements;
+  (void)facts, (void)address, (void)head_elements;
   throw std::runtime_error("OpGuard was built without CUDA: cannot fingerprint a GPU tensor");
 #endif
 }

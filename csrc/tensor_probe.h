@@ -86,8 +86,7 @@ class TensorProbe {
  private:
   const DtypeInfo& dtype(pybind11::handle dtype);
   pybind11::object device_name(pybind11::handle tensor, const TensorFacts& facts);
-  pybind11::object launch(pybind11::handle tensor, const TensorFacts& facts, uintptr_t address,
-                          int64_t head_elements);
+  pybind11::object launch(const TensorFacts& facts, uintptr_t address, int64_t head_elements);
 
   static constexpr double kRingWaitSeconds = 60.0;
 

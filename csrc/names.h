@@ -1,0 +1,29 @@
+// Python names the recorder uses for every tensor (attributes, methods, trace entry keys), made
+// once: building a str for each use cost an allocation per attribute read or dict key.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace opguard {
+
+struct Names {
+  // tensor attributes and methods
+  pybind11::str dtype{"dtype"}, shape{"shape"}, layout{"layout"}, device{"device"},
+      is_cuda{"is_cuda"}, is_cpu{"is_cpu"}, is_nested{"is_nested"}, version{"_version"};
+  pybind11::str stride{"stride"}, data_ptr{"data_ptr"}, get_device{"get_device"},
+      is_conj{"is_conj"}, is_neg{"is_neg"}, resolve_conj{"resolve_conj"},
+      resolve_neg{"resolve_neg"}, is_contiguous{"is_contiguous"},
+      untyped_storage{"untyped_storage"};
+  // trace entry keys (opguard/store/schema.py) and the CPU device's name
+  pybind11::str n{"n"}, d{"d"}, s{"s"}, v{"v"}, t{"t"}, f{"f"}, p{"p"}, h{"h"}, z{"z"}, b{"b"},
+      m{"m"}, cpu{"cpu"};
+};
+
+// One instance per process, made on first use (with the GIL held) and never destroyed: it
+// outlives the interpreter.
+inline const Names& names() {
+  static const Names* const kNames = new Names();
+  return *kNames;
+}
+
+}  // namespace opguard
