@@ -79,6 +79,30 @@ struct ThreadStats {
     amax = finite && a > amax ? a : amax;
     sum += finite ? static_cast<double>(v) : 0.0;
   }
+
+  // The values of one 16-byte load. When they are all finite (their float sum is: a NaN or an
+  // infinity makes it non-finite; so does an overflow, which only costs the slow path), min,
+  // max and abs-max are one min/max instruction each and nothing is counted: about half the
+  // instructions of add() per value, and the sum is added value by value in the same order,
+  // so the results are add()'s.
+  template <int N>
+  __device__ __forceinline__ void add_all(const Acc (&v)[N]) {
+    Acc total = v[0];
+#pragma unroll
+    for (int i = 1; i < N; ++i) total += v[i];
+    if (fabs(total) < static_cast<Acc>(INFINITY)) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        mn = fmin(mn, v[i]);
+        mx = fmax(mx, v[i]);
+        amax = fmax(amax, fabs(v[i]));
+        sum += static_cast<double>(v[i]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) add(v[i]);
+    }
+  }
 };
 
 // Element decoding specialised for the common dtypes; everything else goes through the shared
@@ -140,6 +164,28 @@ __device__ __forceinline__ void word_stats(uint64_t w, int valid, const Args& a,
     for (int off = 0; off < valid; off += step) {
       st.add(decode_component(bytes + off, kind, a.itemsize, 0));
     }
+  }
+}
+
+// Stats of 16 bytes of the logical stream (two words), all valid.
+template <int K>
+__device__ __forceinline__ void chunk_stats(const uint4& r, const Args& a,
+                                            ThreadStats<typename Decode<K>::Acc>& st) {
+  using D = Decode<K>;
+  const uint64_t w0 = (static_cast<uint64_t>(r.y) << 32) | r.x;
+  const uint64_t w1 = (static_cast<uint64_t>(r.w) << 32) | r.z;
+  if constexpr (D::kComponentBytes > 0) {
+    constexpr int kPerWord = 8 / D::kComponentBytes;
+    typename D::Acc v[2 * kPerWord];
+#pragma unroll
+    for (int c = 0; c < kPerWord; ++c) {
+      v[c] = D::get(w0, c);
+      v[kPerWord + c] = D::get(w1, c);
+    }
+    st.add_all(v);
+  } else {
+    word_stats<K>(w0, 8, a, st);
+    word_stats<K>(w1, 8, a, st);
   }
 }
 
@@ -289,8 +335,7 @@ __device__ __forceinline__ void fingerprint_blocks(const Args& a, uint32_t block
         const uint64_t w1 = (static_cast<uint64_t>(r[u].w) << 32) | r[u].z;
         const uint64_t k = key + u * key_step;
         hash += fmix64(w0 ^ k) + fmix64(w1 ^ (k + kIndexKey));
-        word_stats<K>(w0, 8, a, st);
-        word_stats<K>(w1, 8, a, st);
+        chunk_stats<K>(r[u], a, st);
       }
     }
     for (; p < pairs; p += stride) {
@@ -298,8 +343,7 @@ __device__ __forceinline__ void fingerprint_blocks(const Args& a, uint32_t block
       const uint64_t w0 = (static_cast<uint64_t>(r.y) << 32) | r.x;
       const uint64_t w1 = (static_cast<uint64_t>(r.w) << 32) | r.z;
       hash += mix_word(w0, 2 * p) + mix_word(w1, 2 * p + 1);
-      word_stats<K>(w0, 8, a, st);
-      word_stats<K>(w1, 8, a, st);
+      chunk_stats<K>(r, a, st);
     }
     j = 2 * pairs + j;  // the at most one leftover word (and the zero-padded tail)
   }
@@ -350,34 +394,127 @@ __global__ void __launch_bounds__(kThreads) multi_kernel(const MultiArgs m) {
   fingerprint_blocks<K, true>(a, blockIdx.x - m.first_block[lo], p.blocks);
 }
 
+// Where a row kernel's thread is: a row of the outer dimensions, its element offset, and its
+// index along the last outer dimension, so that moving a few rows on costs an addition and
+// only crossing that dimension's end costs divisions.
+struct RowCursor {
+  uint64_t row;
+  int64_t offset = 0;
+  int64_t last_index = 0;
+
+  __device__ RowCursor(const Args& a, uint64_t r) : row(r) { locate(a); }
+
+  __device__ void locate(const Args& a) {
+    offset = 0;
+    uint64_t rest = row;
+    for (int d = a.ndim - 2; d >= 0; --d) {
+      const uint64_t size = static_cast<uint64_t>(a.sizes[d]);
+      const uint64_t q = rest / size;
+      const int64_t i = static_cast<int64_t>(rest - q * size);
+      if (d == a.ndim - 2) last_index = i;
+      offset += i * a.strides[d];
+      rest = q;
+    }
+  }
+
+  __device__ __forceinline__ void advance(const Args& a, uint32_t by) {
+    row += by;
+    last_index += by;
+    if (last_index < a.sizes[a.ndim - 2]) {
+      offset += by * a.strides[a.ndim - 2];
+    } else {
+      locate(a);
+    }
+  }
+};
+
+// One load of a row: one word, or (kPairs) two words at a 16-byte boundary.
+template <bool kPairs>
+struct RowLoad {
+  unsigned long long w;
+  __device__ __forceinline__ void load(const uint8_t* p) {
+    w = __ldcs(reinterpret_cast<const unsigned long long*>(p));
+  }
+  template <int K>
+  __device__ __forceinline__ void consume(uint64_t j, const Args& a, uint64_t& hash,
+                                          ThreadStats<typename Decode<K>::Acc>& st) const {
+    hash += mix_word(w, j);
+    word_stats<K>(w, 8, a, st);
+  }
+};
+template <>
+struct RowLoad<true> {
+  uint4 r;
+  __device__ __forceinline__ void load(const uint8_t* p) {
+    r = __ldcs(reinterpret_cast<const uint4*>(p));
+  }
+  template <int K>
+  __device__ __forceinline__ void consume(uint64_t j, const Args& a, uint64_t& hash,
+                                          ThreadStats<typename Decode<K>::Acc>& st) const {
+    const uint64_t w0 = (static_cast<uint64_t>(r.y) << 32) | r.x;
+    const uint64_t w1 = (static_cast<uint64_t>(r.w) << 32) | r.z;
+    hash += mix_word(w0, j) + mix_word(w1, j + 1);
+    chunk_stats<K>(r, a, st);
+  }
+};
+
 // Tensors whose innermost dimension is contiguous and holds whole 8-byte words, with the outer
 // dimensions in any order (attention's [batch, heads, seq, dim] outputs laid out as
 // [batch, seq, heads, dim], permuted activations): each row is a run of words of the logical
-// stream, read by one warp with coalesced loads, its address computed once per row.
-template <int K>
-__global__ void __launch_bounds__(kThreads) rows_kernel(const Args a) {
+// stream. A group of lanes (a power of two, up to the warp) reads a row with coalesced loads,
+// so a warp reads several short rows side by side; each warp walks a contiguous range of rows,
+// four rows per lane in flight, the rows' addresses advanced rather than divided out.
+template <int K, bool kPairs>
+__global__ void __launch_bounds__(kThreads, 4) rows_kernel(const Args a) {
   using Acc = typename Decode<K>::Acc;
+  constexpr int kWords = kPairs ? 2 : 1;  // words per load
+  constexpr int kInFlight = kPairs ? 2 : 4;  // 32 bytes of each lane's rows in flight
   ThreadStats<Acc> st;
   uint64_t hash = 0;
-  const int lane = threadIdx.x & 31;
-  const uint64_t warps = static_cast<uint64_t>(gridDim.x) * (kThreads / 32);
-  const int inner = a.ndim - 1;
-  const uint64_t row_words = static_cast<uint64_t>(a.sizes[inner]) * a.itemsize / 8;
+  const uint64_t row_words = static_cast<uint64_t>(a.sizes[a.ndim - 1]) * a.itemsize / 8;
+  const uint64_t row_loads = row_words / kWords;
   const uint64_t rows = a.nwords / row_words;
-  for (uint64_t r = (static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x) / 32; r < rows;
-       r += warps) {
-    int64_t offset = 0;
-    uint64_t e = r;
-    for (int d = inner - 1; d >= 0; --d) {
-      const uint64_t size = static_cast<uint64_t>(a.sizes[d]);
-      offset += static_cast<int64_t>(e % size) * a.strides[d];
-      e /= size;
+  uint32_t group = 1;
+  while (group < 32 && group < row_loads) group *= 2;
+  const uint32_t lane = threadIdx.x & 31, col = lane % group;
+  const uint64_t warp = (static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x) / 32;
+  const uint64_t warps = static_cast<uint64_t>(gridDim.x) * (kThreads / 32);
+  const uint64_t span = (rows + warps - 1) / warps;
+  const uint64_t end = min(rows, (warp + 1) * span);
+  RowCursor cursor(a, warp * span + lane / group);
+  if (row_loads > group) {  // rows longer than the warp reads at once: one at a time
+    for (; cursor.row < end; cursor.advance(a, 1)) {
+      const uint8_t* start = a.data + cursor.offset * a.itemsize;
+      const uint64_t first_word = cursor.row * row_words;
+#pragma unroll 4
+      for (uint64_t c = col; c < row_loads; c += group) {
+        RowLoad<kPairs> load;
+        load.load(start + c * 8 * kWords);
+        load.template consume<K>(first_word + c * kWords, a, hash, st);
+      }
     }
-    const uint64_t* row = reinterpret_cast<const uint64_t*>(a.data + offset * a.itemsize);
-    for (uint64_t w = lane; w < row_words; w += 32) {
-      const uint64_t word = __ldcs(reinterpret_cast<const unsigned long long*>(row + w));
-      hash += mix_word(word, r * row_words + w);
-      word_stats<K>(word, 8, a, st);
+  } else {  // several rows side by side, kInFlight of them per lane before any is consumed
+    const uint32_t step = 32 / group;
+    while (cursor.row < end) {
+      const uint64_t first_row = cursor.row;
+      RowLoad<kPairs> loads[kInFlight];
+      int taken = 0;
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        if (cursor.row < end) {
+          if (col < row_loads)
+            loads[u].load(a.data + cursor.offset * a.itemsize + col * 8 * kWords);
+          taken = u + 1;
+          cursor.advance(a, step);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        if (u < taken && col < row_loads) {
+          const uint64_t row = first_row + u * step;
+          loads[u].template consume<K>(row * row_words + col * kWords, a, hash, st);
+        }
+      }
     }
   }
   write_head(a, blockIdx.x, false);
@@ -387,36 +524,54 @@ __global__ void __launch_bounds__(kThreads) rows_kernel(const Args a) {
 using KernelFn = void (*)(const Args);
 using MultiFn = void (*)(const MultiArgs);
 
-enum class Layout { Contiguous, Rows, Strided };
+enum class Layout { Contiguous, Rows, RowPairs, Strided };
 
 // The kernels of one element kind.
 struct Kernels {
-  KernelFn contiguous, rows, strided;
+  KernelFn contiguous, rows, row_pairs, strided;
   MultiFn multi;
 
   KernelFn pick(Layout layout) const {
-    return layout == Layout::Contiguous ? contiguous : layout == Layout::Rows ? rows : strided;
+    switch (layout) {
+      case Layout::Contiguous:
+        return contiguous;
+      case Layout::Rows:
+        return rows;
+      case Layout::RowPairs:
+        return row_pairs;
+      default:
+        return strided;
+    }
   }
 };
 
 template <int K>
 Kernels kernels_of() {
-  return Kernels{fingerprint_kernel<K, true>, rows_kernel<K>, fingerprint_kernel<K, false>,
-                 multi_kernel<K>};
+  return Kernels{fingerprint_kernel<K, true>, rows_kernel<K, false>, rows_kernel<K, true>,
+                 fingerprint_kernel<K, false>, multi_kernel<K>};
+}
+
+// Whether the start and every outer step of a tensor fall on `bytes`-byte boundaries.
+bool rows_aligned(const uint8_t* data, int64_t itemsize, const std::vector<int64_t>& strides,
+                  int64_t bytes) {
+  if (reinterpret_cast<uintptr_t>(data) % bytes != 0) return false;
+  for (size_t d = 0; d + 1 < strides.size(); ++d) {
+    if ((strides[d] * itemsize) % bytes != 0) return false;
+  }
+  return true;
 }
 
 // Rows when the innermost dimension is contiguous, holds whole words, and every row starts on
-// a word boundary; otherwise element-by-element gathering.
+// a word boundary (row pairs when rows are whole 16-byte loads at 16-byte boundaries);
+// otherwise element-by-element gathering.
 Layout layout_of(const uint8_t* data, int64_t itemsize, const std::vector<int64_t>& sizes,
                  const std::vector<int64_t>& strides) {
   const size_t n = sizes.size();
   if (n == 0 || (n == 1 && strides[0] == 1)) return Layout::Contiguous;
-  if (strides[n - 1] != 1 || (sizes[n - 1] * itemsize) % 8 != 0) return Layout::Strided;
-  if (reinterpret_cast<uintptr_t>(data) % 8 != 0) return Layout::Strided;
-  for (size_t d = 0; d + 1 < n; ++d) {
-    if ((strides[d] * itemsize) % 8 != 0) return Layout::Strided;
-  }
-  return Layout::Rows;
+  const int64_t row_bytes = sizes[n - 1] * itemsize;
+  if (strides[n - 1] != 1 || row_bytes % 8 != 0) return Layout::Strided;
+  if (row_bytes % 16 == 0 && rows_aligned(data, itemsize, strides, 16)) return Layout::RowPairs;
+  return rows_aligned(data, itemsize, strides, 8) ? Layout::Rows : Layout::Strided;
 }
 
 Kernels kernels_for(Kind kind) {

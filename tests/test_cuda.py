@@ -86,18 +86,24 @@ def test_gpu_fingerprint_equals_cpu(dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_permuted_rows_equal_cpu(dtype: torch.dtype) -> None:
-    """Outer dimensions permuted, innermost contiguous (attention's outputs): the row kernel."""
+    """Outer dimensions permuted, innermost contiguous (attention's outputs): the row kernels,
+    for rows of one word, of 16-byte loads, longer than a warp reads at once, and rows whose
+    last outer dimension ends every few rows."""
     g = torch.Generator().manual_seed(2)
-    cpu = _random((2, 6, 5, 8), dtype, g)
-    gpu = cpu.cuda()
-    for c, d in (
-        (cpu.permute(0, 2, 1, 3), gpu.permute(0, 2, 1, 3)),
-        (cpu[:, 1:4].transpose(0, 1), gpu[:, 1:4].transpose(0, 1)),
-    ):
-        expected, got = fingerprint_fields(c), _gpu_fields(d)
-        assert (got["h"], got["z"], got["b"]) == (expected["h"], expected["z"], expected["b"])
-        if "m" in expected:
-            assert got["m"][4:] == expected["m"][4:]
+    word = max(1, 8 // dtype.itemsize)  # elements in one 8-byte word
+    for shape in [(2, 6, 5, 8), (4, 3, 5, 80), (2, 3, 4, 300), (3, 7, 2, 64), (4, 64, 12, 64)]:
+        cpu = _random(shape, dtype, g)
+        gpu = cpu.cuda()
+        views = [
+            (cpu.permute(0, 2, 1, 3), gpu.permute(0, 2, 1, 3)),
+            (cpu[:, 1:3].transpose(0, 1), gpu[:, 1:3].transpose(0, 1)),
+            (cpu[..., :word].transpose(1, 2), gpu[..., :word].transpose(1, 2)),
+        ]
+        for c, d in views:
+            expected, got = fingerprint_fields(c), _gpu_fields(d)
+            assert (got["h"], got["z"], got["b"]) == (expected["h"], expected["z"], expected["b"])
+            if "m" in expected:
+                assert got["m"][4:] == expected["m"][4:]
 
 
 def test_expanded_and_large_tensor() -> None:
