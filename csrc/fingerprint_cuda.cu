@@ -463,11 +463,12 @@ struct RowLoad<true> {
 // [batch, seq, heads, dim], permuted activations): each row is a run of words of the logical
 // stream. A group of lanes (a power of two, up to the warp) reads a row with coalesced loads,
 // so a warp reads several short rows side by side; each warp walks a contiguous range of rows,
-// four rows per lane in flight, the rows' addresses advanced rather than divided out.
+// 32 bytes of rows per lane in flight, the rows' addresses advanced rather than divided out.
+// Four blocks per SM stay resident (64 registers a thread), as with the contiguous kernel.
 template <int K, bool kPairs>
 __global__ void __launch_bounds__(kThreads, 4) rows_kernel(const Args a) {
   using Acc = typename Decode<K>::Acc;
-  constexpr int kWords = kPairs ? 2 : 1;  // words per load
+  constexpr int kWords = kPairs ? 2 : 1;     // words per load
   constexpr int kInFlight = kPairs ? 2 : 4;  // 32 bytes of each lane's rows in flight
   ThreadStats<Acc> st;
   uint64_t hash = 0;
