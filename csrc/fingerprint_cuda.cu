@@ -167,13 +167,17 @@ __device__ __forceinline__ void word_stats(uint64_t w, int valid, const Args& a,
   }
 }
 
-// Stats of 16 bytes of the logical stream (two words), all valid.
+// The two words of the logical stream that a 16-byte load holds.
+__device__ __forceinline__ void split_words(const uint4& r, uint64_t& w0, uint64_t& w1) {
+  w0 = (static_cast<uint64_t>(r.y) << 32) | r.x;
+  w1 = (static_cast<uint64_t>(r.w) << 32) | r.z;
+}
+
+// Stats of two consecutive words of the logical stream (one 16-byte load), all valid.
 template <int K>
-__device__ __forceinline__ void chunk_stats(const uint4& r, const Args& a,
+__device__ __forceinline__ void chunk_stats(uint64_t w0, uint64_t w1, const Args& a,
                                             ThreadStats<typename Decode<K>::Acc>& st) {
   using D = Decode<K>;
-  const uint64_t w0 = (static_cast<uint64_t>(r.y) << 32) | r.x;
-  const uint64_t w1 = (static_cast<uint64_t>(r.w) << 32) | r.z;
   if constexpr (D::kComponentBytes > 0) {
     constexpr int kPerWord = 8 / D::kComponentBytes;
     typename D::Acc v[2 * kPerWord];
@@ -331,19 +335,18 @@ __device__ __forceinline__ void fingerprint_blocks(const Args& a, uint32_t block
       for (int u = 0; u < 4; ++u) r[u] = __ldcs(v + p + u * stride);
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        const uint64_t w0 = (static_cast<uint64_t>(r[u].y) << 32) | r[u].x;
-        const uint64_t w1 = (static_cast<uint64_t>(r[u].w) << 32) | r[u].z;
+        uint64_t w0, w1;
+        split_words(r[u], w0, w1);
         const uint64_t k = key + u * key_step;
         hash += fmix64(w0 ^ k) + fmix64(w1 ^ (k + kIndexKey));
-        chunk_stats<K>(r[u], a, st);
+        chunk_stats<K>(w0, w1, a, st);
       }
     }
     for (; p < pairs; p += stride) {
-      const uint4 r = __ldcs(v + p);
-      const uint64_t w0 = (static_cast<uint64_t>(r.y) << 32) | r.x;
-      const uint64_t w1 = (static_cast<uint64_t>(r.w) << 32) | r.z;
+      uint64_t w0, w1;
+      split_words(__ldcs(v + p), w0, w1);
       hash += mix_word(w0, 2 * p) + mix_word(w1, 2 * p + 1);
-      chunk_stats<K>(r, a, st);
+      chunk_stats<K>(w0, w1, a, st);
     }
     j = 2 * pairs + j;  // the at most one leftover word (and the zero-padded tail)
   }
@@ -451,10 +454,10 @@ struct RowLoad<true> {
   template <int K>
   __device__ __forceinline__ void consume(uint64_t j, const Args& a, uint64_t& hash,
                                           ThreadStats<typename Decode<K>::Acc>& st) const {
-    const uint64_t w0 = (static_cast<uint64_t>(r.y) << 32) | r.x;
-    const uint64_t w1 = (static_cast<uint64_t>(r.w) << 32) | r.z;
+    uint64_t w0, w1;
+    split_words(r, w0, w1);
     hash += mix_word(w0, j) + mix_word(w1, j + 1);
-    chunk_stats<K>(r, a, st);
+    chunk_stats<K>(w0, w1, a, st);
   }
 };
 
