@@ -803,40 +803,45 @@ size_t GpuFingerprinter::launch_many(const std::vector<TensorView>& views, int d
                                      uintptr_t stream, int64_t head_elements, double timeout_s,
                                      std::vector<Ticket>* tickets) {
   const size_t start = tickets->size();
-  std::vector<Plan> run;
+  std::vector<Plan> plans;
+  plans.reserve(views.size());
+  for (const TensorView& view : views) plans.push_back(plan(view, head_elements));
+  const auto shares_launch = [](const Plan& p) {
+    return p.layout == Layout::Contiguous && p.a.numel > 0;
+  };
   size_t i = 0;
-  while (i < views.size()) {
+  while (i < plans.size()) {
     // a run of contiguous, non-empty tensors of one kind shares a launch
-    run.clear();
-    for (size_t j = i; j < views.size() && run.size() < kMaxPieces; ++j) {
-      Plan p = plan(views[j], head_elements);
-      const bool joins = p.layout == Layout::Contiguous && p.a.numel > 0 &&
-                         (run.empty() || p.a.kind == run.front().a.kind);
-      if (!joins && !run.empty()) break;
-      run.push_back(p);
-      if (!joins) break;
+    size_t end = i + 1;
+    if (shares_launch(plans[i])) {
+      while (end < plans.size() && end - i < kMaxPieces && shares_launch(plans[end]) &&
+             plans[end].a.kind == plans[i].a.kind) {
+        ++end;
+      }
     }
-    if (run.size() == 1) {
-      const Ticket t = launch_planned(run.front(), device, stream, timeout_s);
+    if (end - i == 1) {
+      const Ticket t = launch_planned(plans[i], device, stream, timeout_s);
       if (t.seq == 0) break;
       tickets->push_back(t);
       ++i;
       continue;
     }
+    Plan* run = plans.data() + i;
+    const size_t count = end - i;
     uint64_t blocks = 0;
-    for (const Plan& p : run) blocks += p.blocks;
-    if (!wait_for_space(blocks, run.size(), timeout_s)) {
+    for (size_t k = 0; k < count; ++k) blocks += run[k].blocks;
+    if (!wait_for_space(blocks, count, timeout_s)) {
       if (timeout_s <= 0) break;
       throw std::runtime_error("fingerprint results were not collected in time (ring full)");
     }
     MultiArgs m{};
-    m.count = static_cast<int32_t>(run.size());
-    m.itemsize = run.front().a.itemsize;
-    m.kind = run.front().a.kind;
+    m.count = static_cast<int32_t>(count);
+    m.itemsize = run[0].a.itemsize;
+    m.kind = run[0].a.kind;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       uint32_t first = 0;
-      for (size_t k = 0; k < run.size(); ++k) {
+      for (size_t k = 0; k < count; ++k) {
         tickets->push_back(issue(run[k]));
         const Args& a = run[k].a;
         m.pieces[k] = Piece{a.data,
@@ -856,7 +861,7 @@ size_t GpuFingerprinter::launch_many(const std::vector<TensorView>& views, int d
       kernel<<<static_cast<unsigned>(blocks), kThreads, 0,
                reinterpret_cast<cudaStream_t>(stream)>>>(m);
     });
-    i += run.size();
+    i = end;
   }
   return tickets->size() - start;
 }
