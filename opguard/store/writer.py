@@ -121,7 +121,7 @@ class TraceWriter:
         with self._lock:
             self._pending.append(("ops", schema.op_key(index), value))
             count = len(self._pending)
-        # GPU records hold fingerprint ring space until packed: drain them in small batches.
+        # GPU records hold fingerprint ring space until packed: drain every GPU_BATCH of them.
         if count >= self._batch_size or (callable(record) and count % GPU_BATCH == 0):
             self._wake.set()
 
