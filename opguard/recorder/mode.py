@@ -26,7 +26,7 @@ from .capture import Capturer
 from .collectives import is_collective, wait
 from .kernels import KernelActivity
 from .ops import OpInfo, op_info
-from .tensors import PendingFields, entry_recorder, resolve_all
+from .tensors import PendingFields, entry_recorder
 
 _BACKWARD = schema.PHASES.index("backward")
 _OPTIMIZER = schema.PHASES.index("optimizer")
@@ -511,7 +511,7 @@ class DeferredRecord:
 
 def collect_deferred(records: list[Any]) -> None:
     """Writer hook: the GPU results of a batch of deferred records, in one native call."""
-    resolve_all([fields for record in records for _, fields in record.pending])
+    PendingFields.resolve_all([fields for record in records for _, fields in record.pending])
 
 
 def _op_device(args: tuple, kwargs: dict) -> torch.device:

@@ -38,12 +38,8 @@ def is_readable(tensor: torch.Tensor) -> bool:
 Fields = dict[str, Any]
 
 # PendingFields: content fields of a device tensor whose fingerprint kernel may still be
-# running (or of a view derived from one), resolved once on the trace writer's thread.
-
-
-def resolve_all(pending: list[PendingFields]) -> None:
-    """Resolves many :class:`PendingFields` at once: one wait without the GIL for the batch."""
-    _C.PendingFields.resolve_all(pending)
+# running (or of a view derived from one), resolved once on the trace writer's thread; its
+# resolve_all() resolves a batch with one wait without the GIL.
 
 
 _GPU: Any = None
