@@ -6,9 +6,10 @@
 #include <string>
 
 #include "callstack.h"
+#include "content.h"
 #include "fingerprint_cpu.h"
+#include "op_record.h"
 #include "opscan.h"
-#include "pending.h"
 #include "provenance.h"
 #include "results.h"
 #include "tensor_probe.h"
@@ -148,7 +149,8 @@ PYBIND11_MODULE(_C, m) {
   opguard::bind_opscan(m);
   opguard::bind_callstack(m);
   opguard::bind_tensor_probe(m);
-  opguard::bind_pending(m);
+  opguard::bind_content(m);
+  opguard::bind_op_record(m);
   opguard::bind_provenance(m);
 #if OPGUARD_WITH_CUDA
   bind_cuda(m);

@@ -4,8 +4,6 @@
 #include <climits>
 
 #include "names.h"
-#include "pending.h"
-#include "results.h"
 
 namespace py = pybind11;
 
@@ -53,27 +51,15 @@ py::object storage_of(py::handle tensor, uintptr_t* address) {
   return owned;
 }
 
-int flags_of(const py::dict& entry) {
-  PyObject* value = PyDict_GetItemWithError(entry.ptr(), names().f.ptr());
-  if (value == nullptr) {
-    if (PyErr_Occurred()) throw py::error_already_set();
-    return 0;
-  }
-  return static_cast<int>(PyLong_AsLong(value));
+bool is_uninitialized(const ContentPtr& content) {
+  return content && (content->flags() & kFlagUninitialized);
 }
 
-void add_flags(py::dict& entry, int flags) { entry[names().f] = flags_of(entry) | flags; }
-
-bool is_uninitialized(const py::object& fields) {
-  return PyDict_Check(fields.ptr()) &&
-         (flags_of(py::reinterpret_borrow<py::dict>(fields)) & kFlagUninitialized);
-}
-
-// Adds content fields to an entry now; PendingFields are attached by the caller once resolved.
-void attach(py::dict& entry, const py::object& fields) {
-  if (PyDict_Check(fields.ptr()) && PyDict_Update(entry.ptr(), fields.ptr()) < 0) {
-    throw py::error_already_set();
-  }
+std::string utf8(py::handle text) {
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(text.ptr(), &size);
+  if (data == nullptr) throw py::error_already_set();
+  return std::string(data, static_cast<size_t>(size));
 }
 
 }  // namespace
@@ -112,14 +98,14 @@ bool EntryRecorder::same_geometry(const Known& known, py::handle tensor, const T
 }
 
 EntryRecorder::KnownPtr EntryRecorder::remember(py::handle tensor, const TensorFacts& facts,
-                                                int64_t index, int64_t slot, py::object fields,
+                                                int64_t index, int64_t slot, ContentPtr content,
                                                 bool written, bool owns_storage) {
   auto known = std::make_shared<Known>();
   known->ref = weak_reference(tensor);
   known->index = index;
   known->slot = slot;
   known->version = probe_.version(tensor);
-  known->fields = std::move(fields);
+  known->content = std::move(content);
   known->has_address = probe_.address(tensor, facts, &known->address);
   known->dtype = facts.dtype;
   known->sizes = facts.sizes;
@@ -158,28 +144,34 @@ void EntryRecorder::settle() {
   unsettled_.clear();
 }
 
-py::object EntryRecorder::read(py::handle tensor, const TensorFacts& facts) {
+ContentPtr EntryRecorder::read(py::handle tensor, const TensorFacts& facts) {
   ++reads_;
   return probe_.fingerprint(tensor, facts, head_elements_);
 }
 
+Entry EntryRecorder::entry(const TensorFacts& facts, py::handle tensor, std::string slot) {
+  Entry e;
+  e.slot = std::move(slot);
+  e.dtype = facts.dtype;
+  e.sizes = facts.sizes;
+  e.device = probe_.device_name(tensor, facts);
+  e.strided = facts.strided;
+  if (facts.strided) e.strides = facts.strides;
+  return e;
+}
+
 // A view's content is a function of its base's content and of the view's geometry (offset,
-// dtype, sizes, strides), so equal bases and equal geometry mean equal views. None when the
+// dtype, sizes, strides), so equal bases and equal geometry mean equal views. Null when the
 // view reaches outside its base's bytes [base_address, base_address + base_nbytes)
 // (base_nbytes < 0: the base is not contiguous, or has lazy bits), the view has lazy bits or
 // the base's content is unknown; the view is then read when an op uses it.
-py::object EntryRecorder::view_fields(py::handle view, const TensorFacts& facts,
-                                      uintptr_t base_address, int64_t base_nbytes,
-                                      const py::object& base_fields) {
-  if (base_fields.is_none() || base_nbytes < 0 || !facts.readable) return py::none();
-  if (probe_.has_lazy_bits(view, facts)) return py::none();
-  const bool pending = py::isinstance<PendingFields>(base_fields);
-  if (!pending && !(PyDict_Check(base_fields.ptr()) &&
-                    PyDict_Contains(base_fields.ptr(), names().h.ptr()) == 1)) {
-    return py::none();
-  }
+ContentPtr EntryRecorder::view_content(py::handle view, const TensorFacts& facts,
+                                       uintptr_t base_address, int64_t base_nbytes,
+                                       const ContentPtr& base) {
+  if (!base || !base->has_hash() || base_nbytes < 0 || !facts.readable) return nullptr;
+  if (probe_.has_lazy_bits(view, facts)) return nullptr;
   uintptr_t address = 0;
-  if (!probe_.address(view, facts, &address)) return py::none();
+  if (!probe_.address(view, facts, &address)) return nullptr;
   const int64_t itemsize = facts.dtype->itemsize;
   const auto offset = static_cast<int64_t>(address - base_address);
   int64_t lo = offset, hi = offset + itemsize;
@@ -192,80 +184,77 @@ py::object EntryRecorder::view_fields(py::handle view, const TensorFacts& facts,
     lo += std::min<int64_t>(0, span);
     hi += std::max<int64_t>(0, span);
   }
-  if (lo < 0 || hi > base_nbytes) return py::none();
+  if (lo < 0 || hi > base_nbytes) return nullptr;
   std::vector<int64_t> geometry{offset, static_cast<int64_t>(facts.dtype->kind), itemsize};
   geometry.insert(geometry.end(), facts.sizes.begin(), facts.sizes.end());
   geometry.insert(geometry.end(), facts.strides.begin(), facts.strides.end());
-  const int64_t nbytes = facts.numel() * itemsize;
-  if (pending) return py::cast(PendingFields(base_fields, std::move(geometry), nbytes));
-  const auto base_hash = base_fields.cast<py::dict>()[names().h].cast<uint64_t>();
-  return derived_fields(base_hash, geometry, nbytes);
+  return Content::view_of(base, std::move(geometry), facts.numel() * itemsize);
 }
 
-py::tuple EntryRecorder::input(py::handle slot, py::handle tensor, bool verify) {
+int EntryRecorder::input(OpRecord& op, std::string slot, py::handle tensor, bool verify) {
   const TensorFacts facts = probe_.read(tensor);
-  py::dict entry = probe_.entry(facts, tensor, slot);
+  Entry e = entry(facts, tensor, std::move(slot));
   auto [known, exact] = find(tensor, facts);
-  py::object fields = py::none();
+  ContentPtr content;
   if (known && exact) {
     if (verify) {
-      fields = read(tensor, facts);
+      content = read(tensor, facts);
     } else {
-      if (known->fields.is_none()) known->fields = read(tensor, facts);
-      fields = known->fields;
+      if (!known->content) known->content = read(tensor, facts);
+      content = known->content;
     }
   } else {
-    if (known && is_uninitialized(known->fields)) {
-      fields = known->fields;  // an alias of memory nobody has written yet
-    } else if (known) {        // a view of a known write, re-wrapped by C++ code
-      fields = view_fields(tensor, facts, known->address, known->derivable ? known->nbytes : -1,
-                           known->fields);
+    if (known && is_uninitialized(known->content)) {
+      content = known->content;  // an alias of memory nobody has written yet
+    } else if (known) {          // a view of a known write, re-wrapped by C++ code
+      content = view_content(tensor, facts, known->address, known->derivable ? known->nbytes : -1,
+                             known->content);
     }
-    if (fields.is_none()) fields = read(tensor, facts);
-    remember(tensor, facts, known ? known->index : -1, known ? known->slot : 0, fields, false,
+    if (!content) content = read(tensor, facts);
+    remember(tensor, facts, known ? known->index : -1, known ? known->slot : 0, content, false,
              known == nullptr);
   }
-  attach(entry, fields);
-  if (known && known->index >= 0) entry[names().p] = py::make_tuple(known->index, known->slot);
-  return py::make_tuple(std::move(entry), std::move(fields));
+  if (known && known->index >= 0) e.producer = known->index, e.producer_slot = known->slot;
+  if (op.inputs.empty()) {
+    op.base = py::reinterpret_borrow<py::object>(tensor);
+    op.base_content = content;
+  }
+  e.content = std::move(content);
+  const int flags = e.all_flags();
+  op.inputs.push_back(std::move(e));
+  return flags;
 }
 
-py::tuple EntryRecorder::output(py::handle slot, py::handle tensor, int64_t index, int64_t out_slot,
-                                int kind, bool written, py::handle base, py::handle base_fields) {
+int EntryRecorder::output(OpRecord& op, std::string slot, py::handle tensor, int64_t index,
+                          int kind, bool written) {
   const TensorFacts facts = probe_.read(tensor);
-  py::dict entry = probe_.entry(facts, tensor, slot);
-  py::object fields = py::none();
+  Entry e = entry(facts, tensor, std::move(slot));
+  ContentPtr content;
   const auto how = static_cast<OutputKind>(kind);
   const bool view = how == OutputKind::View || how == OutputKind::ViewOfUninitialized;
   if (how == OutputKind::Uninitialized || how == OutputKind::ViewOfUninitialized) {
-    fields = flag_fields(kFlagUninitialized);
+    content = Content::flag(kFlagUninitialized);
   } else if (how == OutputKind::Read) {
-    fields = read(tensor, facts);
-  } else if (how == OutputKind::View && !base.is_none()) {
-    const TensorFacts base_facts = probe_.read(base);
+    content = read(tensor, facts);
+  } else if (how == OutputKind::View && op.base && !op.base.is_none()) {
+    const TensorFacts base_facts = probe_.read(op.base);
     uintptr_t base_address = 0;
-    const bool derivable = probe_.views_derive_from(base, base_facts) &&
-                           probe_.address(base, base_facts, &base_address);
-    fields = view_fields(tensor, facts, base_address, derivable ? base_facts.nbytes() : -1,
-                         py::reinterpret_borrow<py::object>(base_fields));
+    const bool derivable = probe_.views_derive_from(op.base, base_facts) &&
+                           probe_.address(op.base, base_facts, &base_address);
+    content = view_content(tensor, facts, base_address, derivable ? base_facts.nbytes() : -1,
+                           op.base_content);
   }
-  if (view) entry[names().f] = kFlagView;
-  if (!fields.is_none()) {
-    attach(entry, fields);
-    if (view) add_flags(entry, kFlagView);  // keep FLAG_VIEW when the fields carry a flag
-  }
-  if (written) add_flags(entry, kFlagWritten);
-  remember(tensor, facts, index, out_slot, fields, written, !view);
-  return py::make_tuple(std::move(entry), std::move(fields));
+  if (view) e.flags |= kFlagView;
+  if (written) e.flags |= kFlagWritten;
+  const auto out_slot = static_cast<int64_t>(op.outputs.size());
+  remember(tensor, facts, index, out_slot, content, written, !view);
+  e.content = std::move(content);
+  const int flags = e.all_flags();
+  op.outputs.push_back(std::move(e));
+  return flags;
 }
 
 namespace {
-
-// The entry of an (entry, fields) pair, which goes to `pending` when its fields are not known yet.
-py::handle keep_entry(const py::tuple& made, py::list& pending) {
-  if (py::isinstance<PendingFields>(made[1])) pending.append(made);
-  return made[0];
-}
 
 py::object sequence(py::handle values) {
   PyObject* fast = PySequence_Fast(values.ptr(), "expected a list or tuple");
@@ -275,37 +264,28 @@ py::object sequence(py::handle values) {
 
 }  // namespace
 
-py::list EntryRecorder::inputs(py::handle name, py::handle values, bool verify, py::list pending) {
-  py::list entries;
+void EntryRecorder::inputs(OpRecord& op, const std::string& name, py::handle values, bool verify) {
   const py::object items = sequence(values);
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(items.ptr());
   for (Py_ssize_t k = 0; k < n; ++k) {
     py::handle item = PySequence_Fast_GET_ITEM(items.ptr(), k);
     if (!probe_.is_tensor(item)) continue;
-    PyObject* slot = PyUnicode_FromFormat("%U[%zd]", name.ptr(), k);
-    if (slot == nullptr) throw py::error_already_set();
-    const py::tuple made = input(py::reinterpret_steal<py::object>(slot), item, verify);
-    entries.append(keep_entry(made, pending));
+    input(op, name + "[" + std::to_string(k) + "]", item, verify);
   }
-  return entries;
 }
 
-py::list EntryRecorder::outputs(py::handle items, int64_t index, py::list pending) {
-  py::list entries;
+void EntryRecorder::outputs(OpRecord& op, py::handle items, int64_t index) {
   const py::object all = sequence(items);
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(all.ptr());
-  const py::none none;
   for (Py_ssize_t k = 0; k < n; ++k) {
     const py::object item = sequence(PySequence_Fast_GET_ITEM(all.ptr(), k));
     if (PySequence_Fast_GET_SIZE(item.ptr()) != 3) {
       throw py::value_error("an output item is (slot, tensor, written)");
     }
     PyObject** parts = PySequence_Fast_ITEMS(item.ptr());
-    const py::tuple made = output(parts[0], parts[1], index, k, static_cast<int>(OutputKind::Read),
-                                  parts[2] == Py_True, none, none);
-    entries.append(keep_entry(made, pending));
+    output(op, utf8(parts[0]), parts[1], index, static_cast<int>(OutputKind::Read),
+           parts[2] == Py_True);
   }
-  return entries;
 }
 
 void bind_provenance(py::module_& m) {
@@ -313,17 +293,31 @@ void bind_provenance(py::module_& m) {
                             "Trace entries of op inputs and outputs, with each tensor's "
                             "producer and known fingerprint (see provenance.h).")
       .def(py::init<py::object, int64_t>(), py::arg("probe"), py::arg("head_elements"))
-      .def("input", &EntryRecorder::input, py::arg("slot"), py::arg("tensor"), py::arg("verify"),
-           "(entry, fields) of an op input; fields a dict (in the entry) or PendingFields.")
-      .def("output", &EntryRecorder::output, py::arg("slot"), py::arg("tensor"), py::arg("index"),
-           py::arg("out_slot"), py::arg("kind"), py::arg("written"), py::arg("base"),
-           py::arg("base_fields"), "(entry, fields) of an op output; kind: one of OUTPUT_*.")
-      .def("inputs", &EntryRecorder::inputs, py::arg("name"), py::arg("values"), py::arg("verify"),
-           py::arg("pending"),
-           "input() of each tensor of a list argument; pending entries go to `pending`.")
-      .def("outputs", &EntryRecorder::outputs, py::arg("items"), py::arg("index"),
-           py::arg("pending"),
-           "output() of each (slot, tensor, written), read; pending entries go to `pending`.")
+      .def(
+          "input",
+          [](EntryRecorder& self, OpRecord& op, py::handle slot, py::handle tensor, bool verify) {
+            return self.input(op, utf8(slot), tensor, verify);
+          },
+          py::arg("op"), py::arg("slot"), py::arg("tensor"), py::arg("verify"),
+          "Adds the entry of an op input to `op`; returns its flags.")
+      .def(
+          "output",
+          [](EntryRecorder& self, OpRecord& op, py::handle slot, py::handle tensor, int64_t index,
+             int kind,
+             bool written) { return self.output(op, utf8(slot), tensor, index, kind, written); },
+          py::arg("op"), py::arg("slot"), py::arg("tensor"), py::arg("index"), py::arg("kind"),
+          py::arg("written"),
+          "Adds the entry of an op output to `op` (kind: one of OUTPUT_*); "
+          "returns its flags.")
+      .def(
+          "inputs",
+          [](EntryRecorder& self, OpRecord& op, py::handle name, py::handle values, bool verify) {
+            self.inputs(op, utf8(name), values, verify);
+          },
+          py::arg("op"), py::arg("name"), py::arg("values"), py::arg("verify"),
+          "input() of each tensor of a list argument.")
+      .def("outputs", &EntryRecorder::outputs, py::arg("op"), py::arg("items"), py::arg("index"),
+           "output() of each (slot, tensor, written), read.")
       .def("settle", &EntryRecorder::settle)
       .def("flush", &EntryRecorder::flush,
            "Launches the GPU fingerprints of the entries made so far (see TensorProbe).")

@@ -23,10 +23,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "content.h"
+#include "op_record.h"
 #include "tensor_probe.h"
 
 namespace opguard {
@@ -45,23 +48,17 @@ class EntryRecorder {
   // `probe`: the TensorProbe that reads tensors; `head_elements`: raw elements kept per entry.
   EntryRecorder(pybind11::object probe, int64_t head_elements);
 
-  // The entry of an op's input and its content fields (a dict, already in the entry, or a
-  // PendingFields the caller attaches once resolved). `verify`: read it even when its
-  // producer's fingerprint is still valid.
-  pybind11::tuple input(pybind11::handle slot, pybind11::handle tensor, bool verify);
-  // The entry of output `out_slot` of op `index` and its content fields (None: in flight or a
-  // view whose content is not derivable). `base`, `base_fields`: the op's first input and its
-  // fields, for views.
-  pybind11::tuple output(pybind11::handle slot, pybind11::handle tensor, int64_t index,
-                         int64_t out_slot, int kind, bool written, pybind11::handle base,
-                         pybind11::handle base_fields);
-  // input() of each tensor of a list argument `name` (slots "name[k]"; other items skipped):
-  // the entries; (entry, PendingFields) pairs are appended to `pending`.
-  pybind11::list inputs(pybind11::handle name, pybind11::handle values, bool verify,
-                        pybind11::list pending);
-  // output() of each (slot, tensor, written) of `items`, read (kind Read), as output slots 0,
-  // 1, ...: the entries; (entry, PendingFields) pairs are appended to `pending`.
-  pybind11::list outputs(pybind11::handle items, int64_t index, pybind11::list pending);
+  // Adds the entry of an op input to `op` and returns its flags. `verify`: read it even when
+  // its producer's fingerprint is still valid.
+  int input(OpRecord& op, std::string slot, pybind11::handle tensor, bool verify);
+  // Adds the entry of output `op.outputs.size()` of op `index` and returns its flags. A view's
+  // content derives from the op's first input (`op.base`) when it can.
+  int output(OpRecord& op, std::string slot, pybind11::handle tensor, int64_t index, int kind,
+             bool written);
+  // input() of each tensor of a list argument `name` (slots "name[k]"; other items skipped).
+  void inputs(OpRecord& op, const std::string& name, pybind11::handle values, bool verify);
+  // output() of each (slot, tensor, written) of `items`, read (kind Read).
+  void outputs(OpRecord& op, pybind11::handle items, int64_t index);
   // Re-reads the versions of the last op's written tensors (bumped after it returned).
   void settle();
   void flush() { probe_.flush(); }
@@ -76,7 +73,7 @@ class EntryRecorder {
     int64_t index = -1;    // producing op; -1 for a leaf
     int64_t slot = 0;
     int64_t version = -1;
-    pybind11::object fields;  // None (not read yet), a dict or a PendingFields
+    ContentPtr content;  // null: not read yet
     bool has_address = false;
     uintptr_t address = 0;
     const DtypeInfo* dtype = nullptr;
@@ -94,13 +91,13 @@ class EntryRecorder {
 
   std::pair<KnownPtr, bool> find(pybind11::handle tensor, const TensorFacts& facts);
   KnownPtr remember(pybind11::handle tensor, const TensorFacts& facts, int64_t index, int64_t slot,
-                    pybind11::object fields, bool written, bool owns_storage);
-  pybind11::object read(pybind11::handle tensor, const TensorFacts& facts);
-  // A view's fields derived from its base's; None when they cannot be (see view_fields in
+                    ContentPtr content, bool written, bool owns_storage);
+  ContentPtr read(pybind11::handle tensor, const TensorFacts& facts);
+  Entry entry(const TensorFacts& facts, pybind11::handle tensor, std::string slot);
+  // A view's content derived from its base's; null when it cannot be (see view_content in
   // the .cpp).
-  pybind11::object view_fields(pybind11::handle view, const TensorFacts& facts,
-                               uintptr_t base_address, int64_t base_nbytes,
-                               const pybind11::object& base_fields);
+  ContentPtr view_content(pybind11::handle view, const TensorFacts& facts, uintptr_t base_address,
+                          int64_t base_nbytes, const ContentPtr& base);
   bool same_geometry(const Known& known, pybind11::handle tensor, const TensorFacts& facts);
   void sweep();
 

@@ -1,7 +1,5 @@
 #include "results.h"
 
-#include "names.h"
-
 namespace py = pybind11;
 
 namespace opguard {
@@ -39,23 +37,6 @@ Fingerprint fingerprint_cpu_releasing_gil(const TensorView& view, int64_t head_e
 
 py::tuple result_tuple(const Fingerprint& fp, Kind kind) {
   return py::make_tuple(fp.hash, fp.nbytes, head_bytes(fp), stats_tuple(fp, kind));
-}
-
-py::dict entry_fields(const Fingerprint& fp, Kind kind) {
-  const Names& k = names();
-  py::dict fields;
-  fields[k.h] = py::int_(fp.hash);
-  fields[k.z] = py::int_(fp.nbytes);
-  fields[k.b] = head_bytes(fp);
-  py::object stats = stats_tuple(fp, kind);
-  if (!stats.is_none()) fields[k.m] = py::list(stats);
-  return fields;
-}
-
-py::dict flag_fields(int flag) {
-  py::dict fields;
-  fields[names().f] = flag;
-  return fields;
 }
 
 }  // namespace opguard

@@ -3,7 +3,6 @@
 #include <string>
 
 #include "names.h"
-#include "pending.h"
 #include "results.h"
 #if OPGUARD_WITH_CUDA
 #include "fingerprint_cuda.h"
@@ -41,22 +40,12 @@ std::vector<int64_t> ints(const py::object& tuple) {
   return out;
 }
 
-py::list int_list(const std::vector<int64_t>& values) {
-  py::list out(values.size());
-  for (size_t i = 0; i < values.size(); ++i) {
-    PyObject* v = PyLong_FromLongLong(values[i]);
-    if (v == nullptr) throw py::error_already_set();
-    PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), v);
-  }
-  return out;
-}
-
 #if OPGUARD_WITH_CUDA
 // A device tensor whose fingerprint is launched at the next flush, with the others queued by
 // the same op (one launch for a _foreach_ op's list). Per thread: each recording thread
 // launches on its own streams, at its own op boundaries.
 struct QueuedLaunch {
-  PyObject* pending;  // a PendingFields, owned
+  ContentPtr content;
   TensorView view;
   int device;
   int64_t head_elements;
@@ -104,20 +93,9 @@ bool TensorProbe::is_tensor(py::handle obj) const {
   return found == 1;
 }
 
-py::dict TensorProbe::entry(const TensorFacts& facts, py::handle tensor, py::handle slot) {
-  const Names& k = names();
-  py::dict entry;
-  entry[k.n] = slot;
-  entry[k.d] = facts.dtype->name;
-  entry[k.s] = int_list(facts.sizes);
-  entry[k.v] = device_name(tensor, facts);
-  if (facts.strided) entry[k.t] = int_list(facts.strides);
-  return entry;
-}
-
-py::object TensorProbe::fingerprint(py::handle tensor, const TensorFacts& facts,
+ContentPtr TensorProbe::fingerprint(py::handle tensor, const TensorFacts& facts,
                                     int64_t head_elements) {
-  if (!facts.readable) return flag_fields(kFlagUnreadable);
+  if (!facts.readable) return Content::flag(kFlagUnreadable);
   if (has_lazy_bits(tensor, facts)) {
     // torch applies these bits when the tensor is read: fingerprint the values, not the bytes
     const Names& k = names();
@@ -129,7 +107,8 @@ py::object TensorProbe::fingerprint(py::handle tensor, const TensorFacts& facts,
   if (facts.cuda) return launch(facts, address, head_elements);
   const TensorView view{reinterpret_cast<const uint8_t*>(address), facts.dtype->itemsize,
                         facts.sizes, facts.strides, facts.dtype->kind};
-  return entry_fields(fingerprint_cpu_releasing_gil(view, head_elements), facts.dtype->kind);
+  return Content::fingerprint(fingerprint_cpu_releasing_gil(view, head_elements),
+                              facts.dtype->kind);
 }
 
 bool TensorProbe::address(py::handle tensor, const TensorFacts& facts, uintptr_t* out) {
@@ -182,34 +161,27 @@ const DtypeInfo& TensorProbe::dtype(py::handle dtype) {
   keep_.push_back(py::reinterpret_borrow<py::object>(dtype));
   return dtypes_
       .emplace(dtype.ptr(),
-               DtypeInfo{info[0].cast<py::str>(), static_cast<Kind>(info[1].cast<int>()),
+               DtypeInfo{info[0].cast<std::string>(), static_cast<Kind>(info[1].cast<int>()),
                          info[2].cast<int64_t>()})
       .first->second;
 }
 
-py::object TensorProbe::device_name(py::handle tensor, const TensorFacts& facts) {
-  if (facts.cuda) {
-    const auto index = static_cast<size_t>(facts.device);
-    while (cuda_names_.size() <= index) {
-      cuda_names_.push_back(py::str("cuda:" + std::to_string(cuda_names_.size())));
-    }
-    return cuda_names_[index];
-  }
-  if (facts.cpu) return names().cpu;
-  return py::str(attribute(tensor, names().device));
+std::string TensorProbe::device_name(py::handle tensor, const TensorFacts& facts) {
+  if (facts.cuda) return "cuda:" + std::to_string(facts.device);
+  if (facts.cpu) return "cpu";
+  return py::str(attribute(tensor, names().device)).cast<std::string>();
 }
 
-py::object TensorProbe::launch(const TensorFacts& facts, uintptr_t address, int64_t head_elements) {
+ContentPtr TensorProbe::launch(const TensorFacts& facts, uintptr_t address, int64_t head_elements) {
 #if OPGUARD_WITH_CUDA
   if (!gpu_) gpu_ = make_gpu_();
-  py::object pending = py::cast(PendingFields(gpu_));
+  ContentPtr content = Content::gpu(&gpu_.cast<cuda::GpuFingerprinter&>());
   t_queue.push_back(
-      QueuedLaunch{pending.ptr(),
+      QueuedLaunch{content,
                    TensorView{reinterpret_cast<const uint8_t*>(address), facts.dtype->itemsize,
                               facts.sizes, facts.strides, facts.dtype->kind},
                    facts.device, head_elements});
-  Py_INCREF(pending.ptr());
-  return pending;
+  return content;
 #else
   (void)facts, (void)address, (void)head_elements;
   throw std::runtime_error("OpGuard was built without CUDA: cannot fingerprint a GPU tensor");
@@ -221,12 +193,6 @@ void TensorProbe::flush() {
   if (t_queue.empty()) return;
   std::vector<QueuedLaunch> queue;
   queue.swap(t_queue);
-  struct Release {  // the queue's references, whatever happens
-    std::vector<QueuedLaunch>& queue;
-    ~Release() {
-      for (auto& q : queue) Py_DECREF(q.pending);
-    }
-  } release_refs{queue};
   auto& fingerprinter = gpu_.cast<cuda::GpuFingerprinter&>();
   std::vector<TensorView> views;
   std::vector<cuda::Ticket> tickets;
@@ -253,7 +219,7 @@ void TensorProbe::flush() {
                                 &tickets);
     }
     for (size_t k = 0; k < tickets.size(); ++k) {
-      py::handle(queue[i + k].pending).cast<PendingFields&>().launched(tickets[k]);
+      queue[i + k].content->launched(tickets[k]);
     }
     i = j;
   }
@@ -269,7 +235,6 @@ double TensorProbe::ring_load() {
 
 void TensorProbe::discard() {
 #if OPGUARD_WITH_CUDA
-  for (auto& q : t_queue) Py_DECREF(q.pending);
   t_queue.clear();
 #endif
 }
@@ -288,9 +253,9 @@ void bind_tensor_probe(py::module_& m) {
       .def(
           "fingerprint",
           [](TensorProbe& self, py::handle tensor, int64_t head_elements) {
-            py::object fields = self.fingerprint(tensor, self.read(tensor), head_elements);
+            ContentPtr content = self.fingerprint(tensor, self.read(tensor), head_elements);
             self.flush();
-            return fields;
+            return content_to_python(content);
           },
           py::arg("tensor"), py::arg("head_elements"),
           "Content fields (CPU), a PendingFields (CUDA, on the current stream) or "

@@ -8,9 +8,11 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "content.h"
 #include "fingerprint.h"
 
 namespace opguard {
@@ -22,7 +24,7 @@ constexpr int kFlagUnreadable = 4;
 constexpr int kFlagWritten = 8;
 
 struct DtypeInfo {
-  pybind11::str name;  // stored name (float32, bfloat16)
+  std::string name;  // stored name (float32, bfloat16)
   Kind kind;
   int64_t itemsize;
 };
@@ -59,13 +61,12 @@ class TensorProbe {
   TensorFacts read(pybind11::handle tensor);
   // isinstance(obj, torch.Tensor)
   bool is_tensor(pybind11::handle obj) const;
-  // The metadata every entry has, read or not: {"n", "d", "s", "v", "t" (strided only)}.
-  pybind11::dict entry(const TensorFacts& facts, pybind11::handle tensor, pybind11::handle slot);
-  // The entry's content fields of a CPU tensor (a dict), a PendingFields for a CUDA tensor (its
-  // kernel is queued for the current stream and launched by flush()), {"f": unreadable} when
-  // its memory cannot be read.
-  pybind11::object fingerprint(pybind11::handle tensor, const TensorFacts& facts,
-                               int64_t head_elements);
+  // The device name an entry stores ("cpu", "cuda:0").
+  std::string device_name(pybind11::handle tensor, const TensorFacts& facts);
+  // The content of a CPU tensor (its fingerprint), of a CUDA tensor (pending: its kernel is
+  // queued for the current stream and launched by flush()), or {"f": unreadable} when its
+  // memory cannot be read.
+  ContentPtr fingerprint(pybind11::handle tensor, const TensorFacts& facts, int64_t head_elements);
   // Launches the GPU fingerprints this thread queued, runs of them in one kernel; called before
   // the op runs (for its inputs) and before its record is queued (for its outputs).
   void flush();
@@ -85,8 +86,7 @@ class TensorProbe {
 
  private:
   const DtypeInfo& dtype(pybind11::handle dtype);
-  pybind11::object device_name(pybind11::handle tensor, const TensorFacts& facts);
-  pybind11::object launch(const TensorFacts& facts, uintptr_t address, int64_t head_elements);
+  ContentPtr launch(const TensorFacts& facts, uintptr_t address, int64_t head_elements);
 
   static constexpr double kRingWaitSeconds = 60.0;
 
@@ -94,7 +94,6 @@ class TensorProbe {
   pybind11::object strided_, dtype_info_, raw_stream_, make_gpu_, gpu_;
   std::unordered_map<PyObject*, DtypeInfo> dtypes_;
   std::vector<pybind11::object> keep_;
-  std::vector<pybind11::object> cuda_names_;
 };
 
 void bind_tensor_probe(pybind11::module_& m);

@@ -20,13 +20,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .. import _C
 from ..store import schema
 from ..store.captures import INPUT, OUTPUT
+from ..store.writer import packb as _pack_head
 from .arguments import encode, generator_fingerprint
 from .callsite import CallSites
 from .capture import Capturer
 from .collectives import is_collective, wait
 from .kernels import KernelActivity
 from .ops import OpInfo, op_info
-from .tensors import PendingFields, entry_recorder
+from .tensors import entry_recorder
 
 _BACKWARD = schema.PHASES.index("backward")
 _OPTIMIZER = schema.PHASES.index("optimizer")
@@ -35,9 +36,6 @@ _OTHER = schema.PHASES.index("other")
 # How an output gets its content fields (csrc/provenance.h, OutputKind).
 _READ, _UNINITIALIZED, _IN_FLIGHT = _C.OUTPUT_READ, _C.OUTPUT_UNINITIALIZED, _C.OUTPUT_IN_FLIGHT
 _VIEW, _VIEW_OF_UNINITIALIZED = _C.OUTPUT_VIEW, _C.OUTPUT_VIEW_OF_UNINITIALIZED
-
-Fields = dict[str, Any]
-Pending = list[tuple[Fields, PendingFields]]  # entries whose GPU fingerprint is in flight
 
 # Share of the GPU result rings in use at which the trace writer is woken to collect them (it is
 # otherwise woken at the start of each backward pass, or by the number of records queued).
@@ -68,15 +66,14 @@ class OpRecorder(TorchDispatchMode):
     ) -> None:
         super().__init__()
         self._writer = writer
+        writer.pack_deferred = _C.OpRecord.pack_all  # the GPU records it defers (_after)
         self._steps = steps
         self._sites = CallSites(writer)
         self._on_failure = on_failure
         self._infos: dict[Any, OpInfo] = {}
         # Each tensor's entry, producer and known fingerprint (native: per tensor, per op).
         self._entries = entry_recorder()
-        self._pending: Pending = []
-        # The op's first tensor input and its fields: the base of a view op's outputs.
-        self._base: tuple[torch.Tensor, Fields | PendingFields | None] | None = None
+        self._op = _C.OpRecord()  # the entries of the op being recorded
         self._forward_sites: dict[int, tuple[int, int | None, int | None]] = {}
         self._last_sequence_nr = -1
         self._in_backward = False  # the last op recorded ran in a backward pass
@@ -232,23 +229,21 @@ class OpRecorder(TorchDispatchMode):
         if self._writer.error is not None:
             raise TraceWriteFailed(self._writer.failure_message())
         self._entries.settle()
-        self._pending = []
-        self._base = None
+        self._op = op = _C.OpRecord()
         # A unit with ops of its own inside gets its index only after them: not captured.
         self._capturing = (
             not nested
             and self.capture is not None
             and self.capture.wants(self.next_index, info.name, self._site_now)
         )
-        inputs: list[Fields] = []
         written: list[tuple[str, torch.Tensor]] = []
         arguments: list[list[Any]] = []
         names = info.arg_names
         for position, value in enumerate(args):
             name = names[position] if position < len(names) else str(position)
-            self._classify(info, name, value, inputs, written, arguments)
+            self._classify(info, name, value, written, arguments)
         for name, value in kwargs.items():
-            self._classify(info, name, value, inputs, written, arguments)
+            self._classify(info, name, value, written, arguments)
         if info.defaults:
             given = len(args)
             arguments.extend(
@@ -262,15 +257,14 @@ class OpRecorder(TorchDispatchMode):
             # Only a view's outputs need their base. Holding it while the op runs would keep a
             # compiled region's first input alive after Inductor frees it (it clears the
             # argument list as it goes).
-            self._base = None
-        return info, inputs, written, arguments, rng, self._pending, self._base, self._capturing
+            op.drop_base()
+        return info, op, written, arguments, rng, self._capturing
 
     def _classify(
         self,
         info: OpInfo,
         name: str,
         value: Any,
-        inputs: list[Fields],
         written: list[tuple[str, torch.Tensor]],
         arguments: list[list[Any]],
     ) -> None:
@@ -278,7 +272,7 @@ class OpRecorder(TorchDispatchMode):
             if name in info.written_args:
                 written.append((name, value))
             if name not in info.out_args:
-                self._add_input(inputs, name, value)
+                self._add_input(name, value)
         elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
             # A _foreach_ op's lists hold one tensor per parameter: decide once per list.
             if name in info.written_args:
@@ -292,17 +286,17 @@ class OpRecorder(TorchDispatchMode):
             if self._capturing or info.is_view:  # captures and views' bases: one at a time
                 for k, item in enumerate(value):
                     if isinstance(item, torch.Tensor):
-                        self._add_input(inputs, f"{name}[{k}]", item)
+                        self._add_input(f"{name}[{k}]", item)
             else:
-                inputs.extend(self._entries.inputs(name, value, self.verify_inputs, self._pending))
+                self._entries.inputs(self._op, name, value, self.verify_inputs)
         elif name != "generator":
             arguments.append([name, encode(value)])
 
-    def _add_input(self, inputs: list[Fields], slot: str, tensor: torch.Tensor) -> None:
-        entry = self._input_entry(slot, tensor)
-        if self._capturing and self.capture is not None and not _flagged_uninitialized(entry):
-            self.capture.take(self.next_index, INPUT, len(inputs), slot, tensor)
-        inputs.append(entry)
+    def _add_input(self, slot: str, tensor: torch.Tensor) -> None:
+        position = self._op.input_count
+        flags = self._entries.input(self._op, slot, tensor, self.verify_inputs)
+        if self._capturing and self.capture is not None and not flags & schema.FLAG_UNINITIALIZED:
+            self.capture.take(self.next_index, INPUT, position, slot, tensor)
 
     def _site_now(self) -> tuple[str, int] | None:
         """The (file, line) the op will be recorded at, looked up before it runs (for
@@ -316,14 +310,6 @@ class OpRecorder(TorchDispatchMode):
             located = self._sites.capture()
             site = located[0] if located is not None else None
         return self._sites.location(site) if site is not None else None
-
-    def _input_entry(self, slot: str, tensor: torch.Tensor) -> Fields:
-        entry, fields = self._entries.input(slot, tensor, self.verify_inputs)
-        if type(fields) is PendingFields:
-            self._pending.append((entry, fields))
-        if self._base is None:
-            self._base = (tensor, fields)
-        return entry
 
     def _rng_state(
         self, generator: torch.Generator | None, args: tuple, kwargs: dict
@@ -342,39 +328,34 @@ class OpRecorder(TorchDispatchMode):
 
     def _after(self, pending: tuple, out: Any) -> None:
         # The scratch state of this op, which ops recorded inside it (a compiled region's) reset.
-        info, inputs, written, arguments, rng, self._pending, self._base, self._capturing = pending
+        info, op, written, arguments, rng, self._capturing = pending
+        self._op = op
         index = self.next_index
         items = [(slot, t, False) for slot, t in returned_tensors(out)]
         if written:  # in-place and out= ops: their written arguments are outputs too
             items = self._with_written(items, written)
-        outputs: list[Fields]
         if self._capturing or self._in_flight or info.is_view or info.has_uninitialized:
-            outputs = []
             for slot, tensor, was_written in items:
-                self._output(index, info, slot, tensor, inputs, outputs, was_written)
+                self._output(index, info, slot, tensor, was_written)
         else:  # every output read: all in one native call
-            outputs = self._entries.outputs(items, index, self._pending)
-        record: dict[str, Any] = {
-            "i": index,
-            "o": info.name_id,
-            "s": self._steps.step,
-            "x": inputs,
-            "y": outputs,
-        }
+            self._entries.outputs(op, items, index)
+        # The record's other fields; its entries ("x", "y") are packed natively.
+        record: dict[str, Any] = {"i": index, "o": info.name_id, "s": self._steps.step}
         self._locate(index, record)
         if arguments:
             record["a"] = arguments
         if rng is not None:
             record["r"] = rng
-        if out is not None and not outputs:
+        if out is not None and not op.output_count:
             record["v"] = encode(out)  # a returned scalar, e.g. the value of .item()
         self._entries.flush()  # launched before the writer can wait for them
-        if self._pending:
-            self._writer.append(index, DeferredRecord(record, self._pending))
+        packed = op.finish(_pack_head(record))
+        if packed is None:  # a GPU fingerprint is pending: the writer packs it once landed
+            self._writer.append(index, op)
             if self._entries.ring_load() > RING_DRAIN:  # before launches wait for space
                 self._writer.wake()
         else:
-            self._writer.append(index, record)
+            self._writer.append(index, packed)
         # Counted once queued: a failure above reports this op as the first one not recorded.
         self.next_index = index + 1
 
@@ -398,32 +379,25 @@ class OpRecorder(TorchDispatchMode):
         info: OpInfo,
         slot: str,
         tensor: torch.Tensor,
-        inputs: list[Fields],
-        outputs: list[Fields],
         was_written: bool,
     ) -> None:
+        op = self._op
         if info.uninitialized_output or slot in info.uninitialized_slots:
             kind = _UNINITIALIZED
         elif self._in_flight:
             kind = _IN_FLIGHT
         elif info.is_view:
-            base_uninitialized = bool(inputs) and _flagged_uninitialized(inputs[0])
+            base_uninitialized = op.first_input_flags & schema.FLAG_UNINITIALIZED
             kind = _VIEW_OF_UNINITIALIZED if base_uninitialized else _VIEW
         else:
             kind = _READ
-        base, base_fields = self._base if self._base is not None else (None, None)
-        output_slot = len(outputs)
-        entry, fields = self._entries.output(
-            slot, tensor, index, output_slot, kind, was_written, base, base_fields
-        )
-        if type(fields) is PendingFields:
-            self._pending.append((entry, fields))
-        outputs.append(entry)
+        output_slot = op.output_count
+        flags = self._entries.output(op, slot, tensor, index, kind, was_written)
         if (
             self._capturing
             and self.capture is not None
             and not self._in_flight
-            and not _flagged_uninitialized(entry)
+            and not flags & schema.FLAG_UNINITIALIZED
         ):
             self.capture.take(index, OUTPUT, output_slot, slot, tensor)
 
@@ -494,33 +468,9 @@ def returned_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
     return found
 
 
-class DeferredRecord:
-    """A record completed on the writer thread, once its GPU fingerprints have landed."""
-
-    __slots__ = ("pending", "record")
-
-    def __init__(self, record: Fields, pending: Pending) -> None:
-        self.record = record
-        self.pending = pending
-
-    def __call__(self) -> Fields:
-        for entry, fields in self.pending:
-            entry.update(fields.resolve())
-        return self.record
-
-
-def collect_deferred(records: list[Any]) -> None:
-    """Writer hook: the GPU results of a batch of deferred records, in one native call."""
-    PendingFields.resolve_all([fields for record in records for _, fields in record.pending])
-
-
 def _op_device(args: tuple, kwargs: dict) -> torch.device:
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor):
             return value.device
     device = kwargs.get("device")
     return torch.device(device) if device is not None else torch.device("cpu")
-
-
-def _flagged_uninitialized(entry: Fields) -> bool:
-    return bool(entry.get("f", 0) & schema.FLAG_UNINITIALIZED)

@@ -28,7 +28,7 @@ from ..store.meta import read_meta, recorded_environment, write_meta
 from . import compiled
 from .capture import Capturer
 from .kernels import KernelActivity
-from .mode import OpRecorder, StepState, TraceWriteFailed, collect_deferred, failure_info
+from .mode import OpRecorder, StepState, TraceWriteFailed, failure_info
 from .ranks import distributed_info, env_rank, prepared_by_parent, wait_for_rank0
 from .termination import Terminated, catch_sigterm, die_of_sigterm, release_sigterm
 
@@ -263,7 +263,6 @@ class RecordingSession:
         says in the trace what GPU recording could and could not use."""
         if not torch.cuda.is_available():
             return
-        self.writer.prepare_deferred = collect_deferred
         fingerprints = _C.cuda_status()
         if os.environ.get("OPGUARD_KERNELS", "1") == "0":
             activity, reason = None, "kernel collection turned off (OPGUARD_KERNELS=0)"

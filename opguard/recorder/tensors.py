@@ -37,10 +37,6 @@ def is_readable(tensor: torch.Tensor) -> bool:
 
 Fields = dict[str, Any]
 
-# PendingFields: content fields of a device tensor whose fingerprint kernel may still be
-# running (or of a view derived from one), resolved once on the trace writer's thread; its
-# resolve_all() resolves a batch with one wait without the GIL.
-
 
 _GPU: Any = None
 

@@ -1,8 +1,8 @@
 """Batched, crash-tolerant writing of one rank's trace into LMDB from a background thread.
 
-The training thread packs a plain record with msgpack as it appends it; a GPU record, whose
-fingerprints the device is still computing, is completed and packed by a daemon thread, which
-commits everything in one LMDB transaction per batch, with ``append=True`` puts (keys are
+The training thread packs a plain record as it appends it; a GPU record, whose fingerprints the
+device is still computing, is completed and packed by a daemon thread (natively, in batches,
+without the GIL), which commits everything in one LMDB transaction per batch, with ``append=True`` puts (keys are
 increasing). A process killed with SIGKILL therefore leaves a consistent trace up to
 its last committed batch: at most ``flush_interval`` seconds of ops are lost.
 """
@@ -28,6 +28,8 @@ GPU_BATCH = 1024
 MAP_SIZE = 1 << 40
 
 Packer = Callable[[], Any]
+# A record the writer thread packs once its GPU fingerprints have landed (an opguard._C.OpRecord).
+Deferred = Any
 
 
 # One msgpack Packer per thread: a Packer is not thread-safe, and building one costs as much as
@@ -35,7 +37,7 @@ Packer = Callable[[], Any]
 _packers = threading.local()
 
 
-def _packb(value: Any) -> bytes:
+def packb(value: Any) -> bytes:
     packer = getattr(_packers, "packer", None)
     if packer is None:
         packer = _packers.packer = msgpack.Packer(use_bin_type=True)
@@ -96,10 +98,9 @@ class TraceWriter:
         # Called on the writer thread before each batch (final=True at close): returns GPU
         # activity by op index, which arrives from CUPTI later than the ops themselves.
         self.poll_kernels: Callable[[bool], dict[int, list[Any]]] | None = None
-        # Called on the writer thread with a batch's deferred records before they are packed,
-        # so their GPU results can be collected in one native call instead of one per tensor
-        # (op records only: captured tensors are packed by callables too).
-        self.prepare_deferred: Callable[[list[Packer]], None] | None = None
+        # Called on the writer thread with a batch's deferred records: their packed bytes. The
+        # recorder's packs them natively, collecting their GPU results without the GIL.
+        self.pack_deferred: Callable[[list[Deferred]], list[bytes]] | None = None
         self.records_written = 0
         self.bytes_written = 0
         self.busy_seconds = 0.0  # spent packing and committing: the writer's throughput
@@ -110,19 +111,19 @@ class TraceWriter:
         with self._lock:
             self._pending.append((db, key, value))
 
-    def append(self, index: int, record: dict[str, Any] | Packer) -> None:
-        """Queues op ``index``. ``record`` may be a callable, packed on the writer thread
-        (GPU records finish there once their device results have landed). A plain record is
-        packed here, on the calling thread: a record waiting in the queue as Python objects
-        survives the cyclic collector's young-generation passes, which then promote and rescan
-        thousands of them per step, and packing on the writer thread takes the GIL from the
-        training for longer than packing here does."""
-        value = record if callable(record) else _packb(record)
+    def append(self, index: int, record: bytes | dict[str, Any] | Deferred) -> None:
+        """Queues op ``index``: its packed bytes, a dict packed here, or a deferred record,
+        packed on the writer thread by ``pack_deferred`` (GPU records finish there once their
+        device results have landed). A dict is packed on the calling thread: a record waiting
+        in the queue as Python objects survives the cyclic collector's young-generation passes,
+        which then promote and rescan thousands of them per step."""
+        deferred = not isinstance(record, (bytes, dict))
+        value = packb(record) if isinstance(record, dict) else record
         with self._lock:
             self._pending.append(("ops", schema.op_key(index), value))
             count = len(self._pending)
         # GPU records hold fingerprint ring space until packed: drain every GPU_BATCH of them.
-        if count >= self._batch_size or (callable(record) and count % GPU_BATCH == 0):
+        if count >= self._batch_size or (deferred and count % GPU_BATCH == 0):
             self._wake.set()
 
     def wake(self) -> None:
@@ -151,18 +152,23 @@ class TraceWriter:
 
     def _commit(self, batch: list[tuple[str, bytes, Any]]) -> None:
         started = time.perf_counter()
-        if self.prepare_deferred is not None:
-            deferred = [value for db, _, value in batch if db == "ops" and callable(value)]
-            if deferred:
-                self.prepare_deferred(deferred)
+        deferred = [
+            k for k, (db, _, value) in enumerate(batch) if db == "ops" and type(value) is not bytes
+        ]
+        if deferred:
+            if self.pack_deferred is None:
+                raise RuntimeError("a deferred record, but no pack_deferred to pack it")
+            packed = self.pack_deferred([batch[k][2] for k in deferred])
+            for k, value in zip(deferred, packed, strict=True):
+                batch[k] = ("ops", batch[k][1], value)
         by_db: dict[str, list[tuple[bytes, bytes]]] = {}
         for db, key, value in batch:
-            if callable(value):
-                value = value()
-            elif db == "ops" and type(value) is bytes:  # packed by append()
+            if db == "ops":  # packed by append() or above
                 by_db.setdefault(db, []).append((key, value))
                 continue
-            by_db.setdefault(db, []).append((key, _packb(value)))
+            if callable(value):
+                value = value()
+            by_db.setdefault(db, []).append((key, packb(value)))
         while True:
             try:
                 with self._env.begin(write=True) as txn:
@@ -171,7 +177,7 @@ class TraceWriter:
                             for key, value in items:
                                 old = txn.get(key, db=self._dbs[db])
                                 if old is not None:
-                                    value = _packb(msgpack.unpackb(old) + msgpack.unpackb(value))
+                                    value = packb(msgpack.unpackb(old) + msgpack.unpackb(value))
                                 txn.put(key, value, db=self._dbs[db])
                             continue
                         with txn.cursor(db=self._dbs[db]) as cursor:
