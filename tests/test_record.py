@@ -28,6 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 import torch
@@ -548,6 +549,29 @@ def test_native_entry_flags_are_the_schemas() -> None:
         store_schema.FLAG_UNREADABLE,
         store_schema.FLAG_WRITTEN,
     )
+
+
+def test_natively_packed_records_are_what_msgpack_writes(tmp_path: Path) -> None:
+    """Records' entries are packed natively (csrc/msgpack_out.h). Each stored record must be
+    exactly what msgpack-python packs for the values it decodes to: any other reader of the
+    trace sees standard msgpack, with the smallest integer forms and float64 stats.
+    The tensors cover every kind of field: stats with and without finite values, integers of
+    each width, bool tensors, views, writes and producers."""
+    with opguard.record(tmp_path / "run"):
+        x = torch.tensor([1.5, -2.0, float("nan"), float("inf")])
+        big = torch.tensor([2**62, -(2**40), 7], dtype=torch.int64)
+        flags = torch.tensor([True, False])
+        (x * 2).t().add_(1)
+        torch.full((3,), float("nan")).sum()
+        (big + 1).view(3, 1).bool().logical_and(flags[0])
+        torch.empty(5).fill_(0.25)
+        torch.arange(70.0).reshape(2, 35).t().contiguous()  # sizes and strides of 35 to 70
+    with Run(tmp_path / "run") as run:
+        records = [raw for chunk in run.rank(0).raw_chunks() for raw in chunk]
+    assert len(records) > 8
+    for raw in records:
+        decoded = msgpack.unpackb(raw)
+        assert msgpack.packb(decoded, use_bin_type=True) == raw, decoded
 
 
 def test_inputs_carry_their_producer(tmp_path: Path) -> None:
