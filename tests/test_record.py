@@ -39,6 +39,7 @@ import opguard.recorder.mode as recorder_mode
 from opguard.recorder.tensors import entry_recorder, fingerprint_fields
 from opguard.store import OpRecord, RankTrace, Run, TraceError
 from opguard.store import schema as store_schema
+from opguard.store.meta import write_meta
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TINY = SCRIPTS / "record_tiny_transformer.py"
@@ -533,6 +534,40 @@ def test_the_writer_is_woken_as_each_backward_pass_starts(
             torch.ones(2) * 2  # a forward op between backward passes
             opguard.step()
     assert len(wakes) == 3
+
+
+def test_deferred_records_are_stored_in_order_among_packed_ones(tmp_path: Path) -> None:
+    """A GPU record reaches the writer unpacked (its fingerprints are still being computed)
+    and is packed on the writer thread by the recorder's hook, in batches; records packed
+    before they were appended (bytes, dicts) go in as they are. The trace holds every op, in
+    order, whichever way it came."""
+    from opguard.store.writer import TraceWriter, packb
+
+    class Deferred:  # stands in for the recorder's OpRecord
+        def __init__(self, record: dict[str, Any]) -> None:
+            self.record = record
+
+    batches: list[int] = []
+
+    def pack_deferred(records: list[Deferred]) -> list[bytes]:
+        batches.append(len(records))
+        return [packb(r.record) for r in records]
+
+    write_meta(tmp_path, {"schema": store_schema.SCHEMA_VERSION, "command": ["t"]})
+    writer = TraceWriter(tmp_path / "rank-0", start_info={"rank": 0})
+    writer.pack_deferred = pack_deferred
+    name = writer.intern_name("aten::mul.Tensor")
+    for index in range(9):
+        record = {"i": index, "o": name, "s": index // 3, "x": [], "y": []}
+        kind = index % 3
+        writer.append(
+            index, packb(record) if kind == 0 else record if kind == 1 else Deferred(record)
+        )
+    writer.close({"status": "finished"})
+    with Run(tmp_path) as run:
+        ops = list(run.rank(0).ops())
+    assert [(op.index, op.step) for op in ops] == [(k, k // 3) for k in range(9)]
+    assert sum(batches) == 3  # the deferred ones, and only they, went through the hook
 
 
 # -- fingerprints: reuse, views, uninitialized memory ----------------------------------------
