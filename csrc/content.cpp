@@ -3,7 +3,6 @@
 #include <cstring>
 #include <string>
 
-#include "names.h"
 #include "tensor_probe.h"
 
 namespace py = pybind11;
@@ -79,10 +78,6 @@ void Content::resolve() {
 #endif
   }
   resolved_.store(true, std::memory_order_release);
-}
-
-void Content::resolve_all(const std::vector<Content*>& contents) {
-  for (Content* c : contents) c->resolve();
 }
 
 size_t Content::field_count(int entry_flags) const {

@@ -51,10 +51,10 @@ class Content {
   // Whether its fields wait for the GPU.
   bool pending() const { return !resolved_.load(std::memory_order_acquire); }
 
-  // Resolves a batch in order, waiting for the GPU (the caller should not hold the GIL). Only
-  // one thread resolves (the trace writer's); the recording thread may read a content the
-  // moment it is resolved, which the release/acquire of `resolved_` makes safe.
-  static void resolve_all(const std::vector<Content*>& contents);
+  // Waits for its GPU fields, if any (the caller should not hold the GIL). Only one thread
+  // resolves (the trace writer's); the recording thread may read a content the moment it is
+  // resolved, which the release/acquire of `resolved_` makes safe.
+  void resolve();
   // The number of its fields, and their keys and values (resolved first), with the entry's own
   // flags `entry_flags` (view, written) merged into its "f" (present when any flag is set).
   size_t field_count(int entry_flags) const;
@@ -65,7 +65,6 @@ class Content {
  private:
   enum class State { Flag, Fingerprint, View };
   explicit Content(State state) : state_(state) {}
-  void resolve();  // without the GIL
 
   State state_;
   std::atomic<bool> resolved_{true};

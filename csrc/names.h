@@ -1,5 +1,5 @@
-// Python names the recorder uses for every tensor (attributes, methods, trace entry keys), made
-// once: building a str for each use cost an allocation per attribute read or dict key.
+// Python names the recorder reads of every tensor (attributes and methods), made once: building
+// a str for each use cost an allocation per attribute read.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -14,9 +14,6 @@ struct Names {
       is_conj{"is_conj"}, is_neg{"is_neg"}, resolve_conj{"resolve_conj"},
       resolve_neg{"resolve_neg"}, is_contiguous{"is_contiguous"},
       untyped_storage{"untyped_storage"};
-  // trace entry keys (opguard/store/schema.py) and the CPU device's name
-  pybind11::str n{"n"}, d{"d"}, s{"s"}, v{"v"}, t{"t"}, f{"f"}, p{"p"}, h{"h"}, z{"z"}, b{"b"},
-      m{"m"}, cpu{"cpu"};
 };
 
 // One instance per process, made on first use (with the GIL held) and never destroyed: it

@@ -21,18 +21,6 @@ void entries(MsgpackOut& out, const char* key, const std::vector<Entry>& list) {
   for (const Entry& e : list) e.pack(out);
 }
 
-// The contents of `records` that wait for the GPU, each once.
-void pending_contents(const std::vector<std::shared_ptr<OpRecord>>& records,
-                      std::vector<Content*>* out) {
-  for (const auto& record : records) {
-    for (const auto* list : {&record->inputs, &record->outputs}) {
-      for (const Entry& e : *list) {
-        if (e.content && e.content->pending()) out->push_back(e.content.get());
-      }
-    }
-  }
-}
-
 }  // namespace
 
 void Entry::pack(MsgpackOut& out) const {
@@ -61,6 +49,14 @@ bool OpRecord::pending() const {
     }
   }
   return false;
+}
+
+void OpRecord::resolve() {
+  for (auto* list : {&inputs, &outputs}) {
+    for (Entry& e : *list) {
+      if (e.content) e.content->resolve();
+    }
+  }
 }
 
 py::object OpRecord::finish(py::bytes head) {
@@ -93,10 +89,10 @@ py::list OpRecord::pack_all(const py::list& records) {
   std::vector<std::string> packed(batch.size());
   {
     py::gil_scoped_release release;
-    std::vector<Content*> contents;
-    pending_contents(batch, &contents);
-    Content::resolve_all(contents);
-    for (size_t i = 0; i < batch.size(); ++i) packed[i] = batch[i]->pack();
+    for (size_t i = 0; i < batch.size(); ++i) {
+      batch[i]->resolve();
+      packed[i] = batch[i]->pack();
+    }
   }
   py::list out(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {

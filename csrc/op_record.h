@@ -44,6 +44,8 @@ class OpRecord {
 
   // Whether some content still waits for the GPU.
   bool pending() const;
+  // Waits for the GPU contents (without the GIL).
+  void resolve();
   // Takes the rest of the record, `head` (a msgpack map of at most 13 fields, packed by
   // Python), and returns the whole record packed, or None when it must wait for the GPU.
   pybind11::object finish(pybind11::bytes head);

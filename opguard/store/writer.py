@@ -2,9 +2,10 @@
 
 The training thread packs a plain record as it appends it; a GPU record, whose fingerprints the
 device is still computing, is completed and packed by a daemon thread (natively, in batches,
-without the GIL), which commits everything in one LMDB transaction per batch, with ``append=True`` puts (keys are
-increasing). A process killed with SIGKILL therefore leaves a consistent trace up to
-its last committed batch: at most ``flush_interval`` seconds of ops are lost.
+without the GIL), which commits everything in one LMDB transaction per batch, with
+``append=True`` puts (keys are increasing). A process killed with SIGKILL therefore leaves a
+consistent trace up to its last committed batch: at most ``flush_interval`` seconds of ops are
+lost.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ class TraceWriter:
         # activity by op index, which arrives from CUPTI later than the ops themselves.
         self.poll_kernels: Callable[[bool], dict[int, list[Any]]] | None = None
         # Called on the writer thread with a batch's deferred records: their packed bytes. The
-        # recorder's packs them natively, collecting their GPU results without the GIL.
+        # recorder's hook packs them natively, collecting their GPU results without the GIL.
         self.pack_deferred: Callable[[list[Deferred]], list[bytes]] | None = None
         self.records_written = 0
         self.bytes_written = 0
