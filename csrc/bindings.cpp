@@ -8,6 +8,7 @@
 #include "callstack.h"
 #include "content.h"
 #include "fingerprint_cpu.h"
+#include "op_plan.h"
 #include "op_record.h"
 #include "opscan.h"
 #include "provenance.h"
@@ -152,6 +153,7 @@ PYBIND11_MODULE(_C, m) {
   opguard::bind_content(m);
   opguard::bind_op_record(m);
   opguard::bind_provenance(m);
+  opguard::bind_op_plan(m);
 #if OPGUARD_WITH_CUDA
   bind_cuda(m);
 #endif

@@ -34,39 +34,47 @@ struct SiteKeyHash {
   }
 };
 
-// Walks the current thread's Python stack and returns the site ids of its user frames. Whether
-// a code object is user code, and the site id of a (code, instruction), are asked of Python
-// once each and cached; cached code objects are kept alive, so their addresses stay unique.
+// Hash of a stack's site ids, for the cache of interned stacks.
+struct StackHash {
+  size_t operator()(const std::vector<int64_t>& sites) const {
+    size_t h = sites.size();
+    for (int64_t s : sites) h = h * 1000003u ^ std::hash<int64_t>()(s);
+    return h;
+  }
+};
+
+// Walks the current thread's Python stack and returns its innermost user frame's site id and
+// the id of the whole user stack. Whether a code object is user code, the site id of a (code,
+// instruction) and the id of a stack are asked of Python once each and cached; cached code
+// objects are kept alive, so their addresses stay unique.
 class StackWalker {
  public:
-  StackWalker(py::function is_user_code, py::function site_id)
-      : is_user_code_(std::move(is_user_code)), site_id_(std::move(site_id)) {}
+  StackWalker(py::function is_user_code, py::function site_id, py::function stack_id)
+      : is_user_code_(std::move(is_user_code)),
+        site_id_(std::move(site_id)),
+        stack_id_(std::move(stack_id)) {}
 
-  // Site ids of the user frames, outermost first; None when there is none (autograd's threads).
+  // (site id, stack id), or None when no frame is user code (autograd's threads).
   py::object capture() {
-    std::vector<int64_t> sites;
+    sites_.clear();  // innermost first
     py::object frame =
         py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(PyEval_GetFrame()));
     while (frame) {
       auto* f = reinterpret_cast<PyFrameObject*>(frame.ptr());
       py::object code =
           py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(PyFrame_GetCode(f)));
-      if (is_user(code)) {
-        const SiteKey key{code.ptr(), last_instruction(f)};
-        auto it = sites_.find(key);
-        if (it == sites_.end()) {
-          it = sites_.emplace(key, site_id_(frame).cast<int64_t>()).first;
-        }
-        sites.push_back(it->second);
-      }
+      if (is_user(code)) sites_.push_back(site(frame, code, last_instruction(f)));
       frame = py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(PyFrame_GetBack(f)));
     }
-    if (sites.empty()) return py::none();
-    py::tuple out(sites.size());
-    for (size_t i = 0; i < sites.size(); ++i) {
-      out[i] = py::int_(sites[sites.size() - 1 - i]);
+    if (sites_.empty()) return py::none();
+    std::reverse(sites_.begin(), sites_.end());  // outermost first, as stored
+    auto stack = stacks_.find(sites_);
+    if (stack == stacks_.end()) {
+      py::tuple ids(sites_.size());
+      for (size_t i = 0; i < sites_.size(); ++i) ids[i] = py::int_(sites_[i]);
+      stack = stacks_.emplace(sites_, stack_id_(ids).cast<int64_t>()).first;
     }
-    return std::move(out);
+    return py::make_tuple(sites_.back(), stack->second);
   }
 
  private:
@@ -79,10 +87,20 @@ class StackWalker {
     return user;
   }
 
+  int64_t site(const py::object& frame, const py::object& code, int lasti) {
+    const SiteKey key{code.ptr(), lasti};
+    auto it = site_ids_.find(key);
+    if (it == site_ids_.end()) it = site_ids_.emplace(key, site_id_(frame).cast<int64_t>()).first;
+    return it->second;
+  }
+
   py::function is_user_code_;
   py::function site_id_;
+  py::function stack_id_;
   std::unordered_map<const PyObject*, bool> user_;
-  std::unordered_map<SiteKey, int64_t, SiteKeyHash> sites_;
+  std::unordered_map<SiteKey, int64_t, SiteKeyHash> site_ids_;
+  std::unordered_map<std::vector<int64_t>, int64_t, StackHash> stacks_;
+  std::vector<int64_t> sites_;    // the walk's scratch
   std::vector<py::object> kept_;  // every cached code object, alive for as long as the walker
 };
 
@@ -90,12 +108,14 @@ class StackWalker {
 
 void bind_callstack(py::module_& m) {
   py::class_<StackWalker>(m, "StackWalker",
-                          "Site ids of the user frames of the current Python stack, cached.")
-      .def(py::init<py::function, py::function>(), py::arg("is_user_code"), py::arg("site_id"),
-           "is_user_code(code) -> bool and site_id(frame) -> int are called once per code "
-           "object and once per (code, instruction) respectively.")
+                          "The innermost user frame's site id and the user stack's id, cached.")
+      .def(py::init<py::function, py::function, py::function>(), py::arg("is_user_code"),
+           py::arg("site_id"), py::arg("stack_id"),
+           "is_user_code(code) -> bool, site_id(frame) -> int and stack_id(site ids, outermost "
+           "first) -> int are called once per code object, (code, instruction) and stack.")
       .def("capture", &StackWalker::capture,
-           "Site ids of the user frames, outermost first, or None when there are none.");
+           "(site id, stack id) of the current Python stack, or None when no frame is user "
+           "code.");
 }
 
 }  // namespace opguard

@@ -20,6 +20,7 @@ class MsgpackOut {
   void map(size_t n) { header(n, 0x80, 0xde, 0xdf); }
   void array(size_t n) { header(n, 0x90, 0xdc, 0xdd); }
   void nil() { byte(0xc0); }
+  void boolean(bool v) { byte(v ? 0xc3 : 0xc2); }
 
   void uint(uint64_t v) {
     if (v < 0x80) {

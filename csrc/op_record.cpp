@@ -1,14 +1,13 @@
 #include "op_record.h"
 
-#include <stdexcept>
+#include <string>
+
+#include "python_text.h"
 
 namespace py = pybind11;
 
 namespace opguard {
 namespace {
-
-// "x" and "y", the entry lists, added to the head's fields: a fixmap stays a fixmap.
-constexpr size_t kMaxHeadFields = 13;
 
 void int_array(MsgpackOut& out, const std::vector<int64_t>& values) {
   out.array(values.size());
@@ -19,6 +18,51 @@ void entries(MsgpackOut& out, const char* key, const std::vector<Entry>& list) {
   out.str(key);
   out.array(list.size());
   for (const Entry& e : list) e.pack(out);
+}
+
+// A Python value as msgpack-python's Packer(use_bin_type=True) packs it; other types are
+// refused as it refuses them.
+void pack_object(MsgpackOut& out, py::handle value) {
+  PyObject* v = value.ptr();
+  if (v == Py_None) {
+    out.nil();
+  } else if (PyBool_Check(v)) {
+    out.boolean(v == Py_True);
+  } else if (PyLong_Check(v)) {
+    int overflow = 0;
+    const long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow > 0) {
+      const unsigned long long u = PyLong_AsUnsignedLongLong(v);
+      if (PyErr_Occurred()) throw py::error_already_set();
+      out.uint(u);
+    } else if (overflow < 0) {
+      throw py::value_error("int too small to pack");
+    } else {
+      if (n == -1 && PyErr_Occurred()) throw py::error_already_set();
+      out.integer(n);
+    }
+  } else if (PyFloat_Check(v)) {
+    out.float64(PyFloat_AS_DOUBLE(v));
+  } else if (PyUnicode_Check(v)) {
+    out.str(utf8(value));
+  } else if (PyBytes_Check(v)) {
+    out.bin(reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(v)),
+            static_cast<size_t>(PyBytes_GET_SIZE(v)));
+  } else if (PyList_Check(v) || PyTuple_Check(v)) {
+    const auto items = py::reinterpret_borrow<py::sequence>(value);
+    out.array(items.size());
+    for (py::handle item : items) pack_object(out, item);
+  } else if (PyDict_Check(v)) {
+    out.map(static_cast<size_t>(PyDict_Size(v)));
+    PyObject *key, *item;
+    Py_ssize_t position = 0;
+    while (PyDict_Next(v, &position, &key, &item)) {
+      pack_object(out, key);
+      pack_object(out, item);
+    }
+  } else {
+    throw py::type_error(std::string("can not serialize '") + Py_TYPE(v)->tp_name + "' object");
+  }
 }
 
 }  // namespace
@@ -42,6 +86,11 @@ void Entry::pack(MsgpackOut& out) const {
   }
 }
 
+void OpRecord::drop_base() {
+  base = py::none();
+  base_content.reset();
+}
+
 bool OpRecord::pending() const {
   for (const auto* list : {&inputs, &outputs}) {
     for (const Entry& e : *list) {
@@ -59,24 +108,41 @@ void OpRecord::resolve() {
   }
 }
 
-py::object OpRecord::finish(py::bytes head) {
-  head_ = head;
-  const auto first = head_.empty() ? 0 : static_cast<uint8_t>(head_[0]);
-  if ((first & 0xf0) != 0x80 || (first & 0x0f) > kMaxHeadFields) {
-    throw std::invalid_argument("a record head is a msgpack map of at most 13 fields");
+py::object OpRecord::finish(int64_t index, int64_t name_id, int64_t step, int64_t phase,
+                            const py::object& forward, const py::object& located,
+                            const py::object& arguments, const py::object& rng,
+                            const py::object& value) {
+  head_.clear();
+  MsgpackOut out(head_);
+  out.str("i"), out.integer(index);
+  out.str("o"), out.integer(name_id);
+  out.str("s"), out.integer(step);
+  out.str("p"), out.integer(phase);
+  head_fields_ = 4;
+  const auto field = [&](const char* key, py::handle v) {
+    out.str(key), pack_object(out, v);
+    ++head_fields_;
+  };
+  if (!forward.is_none()) field("f", forward);
+  if (!located.is_none()) {  // (call site, stack)
+    const auto site = py::reinterpret_borrow<py::tuple>(located);
+    field("c", site[0]);
+    field("k", site[1]);
   }
-  base = py::none();  // only the outputs needed it
-  base_content.reset();
+  if (!arguments.is_none() && py::len(arguments) > 0) field("a", arguments);
+  if (!rng.is_none()) field("r", rng);
+  if (!value.is_none()) field("v", value);
+  drop_base();  // only the outputs needed it
   if (pending()) return py::none();
   return py::bytes(pack());
 }
 
 std::string OpRecord::pack() const {
   std::string packed;
-  packed.reserve(head_.size() + 96 * (inputs.size() + outputs.size()));
+  packed.reserve(1 + head_.size() + 96 * (inputs.size() + outputs.size()));
   MsgpackOut out(packed);
-  out.map((static_cast<uint8_t>(head_[0]) & 0x0f) + 2);
-  out.raw(std::string_view(head_).substr(1));
+  out.map(head_fields_ + 2);
+  out.raw(head_);
   entries(out, "x", inputs);
   entries(out, "y", outputs);
   return packed;
@@ -104,23 +170,13 @@ py::list OpRecord::pack_all(const py::list& records) {
 void bind_op_record(py::module_& m) {
   py::class_<OpRecord, std::shared_ptr<OpRecord>>(
       m, "OpRecord", "One op's record: its tensor entries, packed with the rest once known.")
-      .def(py::init<>())
-      .def_property_readonly("input_count", [](const OpRecord& r) { return r.inputs.size(); })
       .def_property_readonly("output_count", [](const OpRecord& r) { return r.outputs.size(); })
-      .def_property_readonly(
-          "first_input_flags",
-          [](const OpRecord& r) { return r.inputs.empty() ? 0 : r.inputs.front().all_flags(); },
-          "The flags of its first tensor input (0 without inputs).")
-      .def(
-          "drop_base",
-          [](OpRecord& r) {
-            r.base = py::none();
-            r.base_content.reset();
-          },
-          "Forgets its first input: only a view op's outputs need it.")
-      .def("finish", &OpRecord::finish, py::arg("head"),
-           "Takes the rest of the record (a packed msgpack map); returns the whole record "
-           "packed, or None while a GPU fingerprint is pending (then pack_all packs it).")
+      .def("finish", &OpRecord::finish, py::arg("index"), py::arg("name_id"), py::arg("step"),
+           py::arg("phase"), py::arg("forward"), py::arg("located"), py::arg("arguments"),
+           py::arg("rng"), py::arg("value"),
+           "Takes the rest of the record (None: a field left out; located: (call site, "
+           "stack)); returns the whole record packed, or None while a GPU fingerprint is "
+           "pending (then pack_all packs it).")
       .def_static("pack_all", &OpRecord::pack_all, py::arg("records"),
                   "The packed records of finished OpRecords, waiting for their GPU "
                   "fingerprints without the GIL.");

@@ -1,7 +1,8 @@
 // One op's record as the recorder builds it: its tensor entries in native form, and the rest of
-// the record (index, name, step, phase, call site, arguments) packed by Python. Packed into the
-// trace's msgpack map once every content is known: at once when none waits for the GPU, else on
-// the trace writer's thread, which resolves and packs a batch of records without the GIL.
+// the record (index, name, step, phase, call site, arguments), packed as the op finishes. Packed
+// into the trace's msgpack map once every content is known: at once when none waits for the GPU,
+// else on the trace writer's thread, which resolves and packs a batch of records without the
+// GIL.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -42,13 +43,19 @@ class OpRecord {
   pybind11::object base;
   ContentPtr base_content;
 
+  // Forgets the first input: only a view op's outputs need it.
+  void drop_base();
   // Whether some content still waits for the GPU.
   bool pending() const;
   // Waits for the GPU contents (without the GIL).
   void resolve();
-  // Takes the rest of the record, `head` (a msgpack map of at most 13 fields, packed by
-  // Python), and returns the whole record packed, or None when it must wait for the GPU.
-  pybind11::object finish(pybind11::bytes head);
+  // Takes the rest of the record (keys of opguard/store/schema.py; None: absent) and returns
+  // the whole record packed, or None when it must wait for the GPU. `arguments`, `rng` and
+  // `value` hold None, bool, int, float, str, bytes, lists, tuples and dicts of them.
+  pybind11::object finish(int64_t index, int64_t name_id, int64_t step, int64_t phase,
+                          const pybind11::object& forward, const pybind11::object& located,
+                          const pybind11::object& arguments, const pybind11::object& rng,
+                          const pybind11::object& value);
   // The packed record; its contents must be resolved.
   std::string pack() const;
   // Resolves and packs a batch of finished records, waiting for the GPU and packing without
@@ -56,7 +63,8 @@ class OpRecord {
   static pybind11::list pack_all(const pybind11::list& records);
 
  private:
-  std::string head_;
+  std::string head_;  // the fields before the entries, packed
+  size_t head_fields_ = 0;
 };
 
 void bind_op_record(pybind11::module_& m);

@@ -55,13 +55,6 @@ bool is_uninitialized(const ContentPtr& content) {
   return content && (content->flags() & kFlagUninitialized);
 }
 
-std::string utf8(py::handle text) {
-  Py_ssize_t size = 0;
-  const char* data = PyUnicode_AsUTF8AndSize(text.ptr(), &size);
-  if (data == nullptr) throw py::error_already_set();
-  return std::string(data, static_cast<size_t>(size));
-}
-
 }  // namespace
 
 EntryRecorder::EntryRecorder(py::object probe, int64_t head_elements)
@@ -226,11 +219,10 @@ int EntryRecorder::input(OpRecord& op, std::string slot, py::handle tensor, bool
 }
 
 int EntryRecorder::output(OpRecord& op, std::string slot, py::handle tensor, int64_t index,
-                          int kind, bool written) {
+                          OutputKind how, bool written) {
   const TensorFacts facts = probe_.read(tensor);
   Entry e = entry(facts, tensor, std::move(slot));
   ContentPtr content;
-  const auto how = static_cast<OutputKind>(kind);
   const bool view = how == OutputKind::View || how == OutputKind::ViewOfUninitialized;
   if (how == OutputKind::Uninitialized || how == OutputKind::ViewOfUninitialized) {
     content = Content::flag(kFlagUninitialized);
@@ -254,83 +246,16 @@ int EntryRecorder::output(OpRecord& op, std::string slot, py::handle tensor, int
   return flags;
 }
 
-namespace {
-
-py::object sequence(py::handle values) {
-  PyObject* fast = PySequence_Fast(values.ptr(), "expected a list or tuple");
-  if (fast == nullptr) throw py::error_already_set();
-  return py::reinterpret_steal<py::object>(fast);
-}
-
-}  // namespace
-
-void EntryRecorder::inputs(OpRecord& op, const std::string& name, py::handle values, bool verify) {
-  const py::object items = sequence(values);
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(items.ptr());
-  for (Py_ssize_t k = 0; k < n; ++k) {
-    py::handle item = PySequence_Fast_GET_ITEM(items.ptr(), k);
-    if (!probe_.is_tensor(item)) continue;
-    input(op, name + "[" + std::to_string(k) + "]", item, verify);
-  }
-}
-
-void EntryRecorder::outputs(OpRecord& op, py::handle items, int64_t index) {
-  const py::object all = sequence(items);
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(all.ptr());
-  for (Py_ssize_t k = 0; k < n; ++k) {
-    const py::object item = sequence(PySequence_Fast_GET_ITEM(all.ptr(), k));
-    if (PySequence_Fast_GET_SIZE(item.ptr()) != 3) {
-      throw py::value_error("an output item is (slot, tensor, written)");
-    }
-    PyObject** parts = PySequence_Fast_ITEMS(item.ptr());
-    output(op, utf8(parts[0]), parts[1], index, static_cast<int>(OutputKind::Read),
-           parts[2] == Py_True);
-  }
-}
-
 void bind_provenance(py::module_& m) {
   py::class_<EntryRecorder>(m, "EntryRecorder",
                             "Trace entries of op inputs and outputs, with each tensor's "
                             "producer and known fingerprint (see provenance.h).")
       .def(py::init<py::object, int64_t>(), py::arg("probe"), py::arg("head_elements"))
-      .def(
-          "input",
-          [](EntryRecorder& self, OpRecord& op, py::handle slot, py::handle tensor, bool verify) {
-            return self.input(op, utf8(slot), tensor, verify);
-          },
-          py::arg("op"), py::arg("slot"), py::arg("tensor"), py::arg("verify"),
-          "Adds the entry of an op input to `op`; returns its flags.")
-      .def(
-          "output",
-          [](EntryRecorder& self, OpRecord& op, py::handle slot, py::handle tensor, int64_t index,
-             int kind,
-             bool written) { return self.output(op, utf8(slot), tensor, index, kind, written); },
-          py::arg("op"), py::arg("slot"), py::arg("tensor"), py::arg("index"), py::arg("kind"),
-          py::arg("written"),
-          "Adds the entry of an op output to `op` (kind: one of OUTPUT_*); "
-          "returns its flags.")
-      .def(
-          "inputs",
-          [](EntryRecorder& self, OpRecord& op, py::handle name, py::handle values, bool verify) {
-            self.inputs(op, utf8(name), values, verify);
-          },
-          py::arg("op"), py::arg("name"), py::arg("values"), py::arg("verify"),
-          "input() of each tensor of a list argument.")
-      .def("outputs", &EntryRecorder::outputs, py::arg("op"), py::arg("items"), py::arg("index"),
-           "output() of each (slot, tensor, written), read.")
-      .def("settle", &EntryRecorder::settle)
-      .def("flush", &EntryRecorder::flush,
-           "Launches the GPU fingerprints of the entries made so far (see TensorProbe).")
       .def("discard", &EntryRecorder::discard,
            "Drops GPU fingerprints not launched yet (recording stopped).")
       .def("ring_load", &EntryRecorder::ring_load,
            "The fraction of the GPU result rings waiting for the trace writer.")
       .def_property_readonly("reads", &EntryRecorder::reads);
-  m.attr("OUTPUT_READ") = static_cast<int>(OutputKind::Read);
-  m.attr("OUTPUT_UNINITIALIZED") = static_cast<int>(OutputKind::Uninitialized);
-  m.attr("OUTPUT_IN_FLIGHT") = static_cast<int>(OutputKind::InFlight);
-  m.attr("OUTPUT_VIEW") = static_cast<int>(OutputKind::View);
-  m.attr("OUTPUT_VIEW_OF_UNINITIALIZED") = static_cast<int>(OutputKind::ViewOfUninitialized);
   m.attr("FLAG_VIEW") = kFlagView;
   m.attr("FLAG_UNINITIALIZED") = kFlagUninitialized;
   m.attr("FLAG_UNREADABLE") = kFlagUnreadable;

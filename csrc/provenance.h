@@ -53,17 +53,14 @@ class EntryRecorder {
   int input(OpRecord& op, std::string slot, pybind11::handle tensor, bool verify);
   // Adds the entry of output `op.outputs.size()` of op `index` and returns its flags. A view's
   // content derives from the op's first input (`op.base`) when it can.
-  int output(OpRecord& op, std::string slot, pybind11::handle tensor, int64_t index, int kind,
-             bool written);
-  // input() of each tensor of a list argument `name` (slots "name[k]"; other items skipped).
-  void inputs(OpRecord& op, const std::string& name, pybind11::handle values, bool verify);
-  // output() of each (slot, tensor, written) of `items`, read (kind Read).
-  void outputs(OpRecord& op, pybind11::handle items, int64_t index);
+  int output(OpRecord& op, std::string slot, pybind11::handle tensor, int64_t index,
+             OutputKind kind, bool written);
   // Re-reads the versions of the last op's written tensors (bumped after it returned).
   void settle();
   void flush() { probe_.flush(); }
   void discard() { probe_.discard(); }
   double ring_load() { return probe_.ring_load(); }
+  TensorProbe& probe() { return probe_; }
   // Tensors whose memory was read (or whose GPU read was launched) so far.
   int64_t reads() const { return reads_; }
 

@@ -81,10 +81,15 @@ TensorFacts TensorProbe::read(py::handle tensor) {
   facts.cuda = is_true(attribute(tensor, k.is_cuda));
   facts.cpu = !facts.cuda && is_true(attribute(tensor, k.is_cpu));
   if (facts.cuda) facts.device = call(tensor, k.get_device).cast<int>();
-  bool plain = false;
-  for (PyObject* type : plain_types_) plain = plain || Py_TYPE(tensor.ptr()) == (PyTypeObject*)type;
-  facts.readable = plain && facts.strided && (facts.cuda || facts.cpu);
+  facts.readable = is_plain(tensor) && facts.strided && (facts.cuda || facts.cpu);
   return facts;
+}
+
+bool TensorProbe::is_plain(py::handle obj) const {
+  for (PyObject* type : plain_types_) {
+    if (Py_TYPE(obj.ptr()) == reinterpret_cast<PyTypeObject*>(type)) return true;
+  }
+  return false;
 }
 
 bool TensorProbe::is_tensor(py::handle obj) const {

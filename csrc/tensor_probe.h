@@ -61,6 +61,8 @@ class TensorProbe {
   TensorFacts read(pybind11::handle tensor);
   // isinstance(obj, torch.Tensor)
   bool is_tensor(pybind11::handle obj) const;
+  // Whether obj is exactly one of the plain tensor classes (no subclass).
+  bool is_plain(pybind11::handle obj) const;
   // The device name an entry stores ("cpu", "cuda:0").
   std::string device_name(pybind11::handle tensor, const TensorFacts& facts);
   // The content of a CPU tensor (its fingerprint), of a CUDA tensor (pending: its kernel is

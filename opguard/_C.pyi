@@ -41,12 +41,19 @@ class OpRecord:
     """One op's record: its tensor entries, packed with the rest once known
     (csrc/op_record.h)."""
 
-    input_count: int
     output_count: int
-    first_input_flags: int
-    def __init__(self) -> None: ...
-    def drop_base(self) -> None: ...
-    def finish(self, head: bytes) -> bytes | None: ...
+    def finish(
+        self,
+        index: int,
+        name_id: int,
+        step: int,
+        phase: int,
+        forward: int | None,
+        located: tuple[int, int] | None,
+        arguments: list[Any] | None,
+        rng: int | None,
+        value: Any,
+    ) -> bytes | None: ...
     @staticmethod
     def pack_all(records: list[OpRecord]) -> list[bytes]: ...
 
@@ -68,11 +75,6 @@ FLAG_VIEW: int
 FLAG_UNINITIALIZED: int
 FLAG_UNREADABLE: int
 FLAG_WRITTEN: int
-OUTPUT_READ: int
-OUTPUT_UNINITIALIZED: int
-OUTPUT_IN_FLIGHT: int
-OUTPUT_VIEW: int
-OUTPUT_VIEW_OF_UNINITIALIZED: int
 
 class EntryRecorder:
     """Op input and output entries with each tensor's producer and known fingerprint
@@ -80,22 +82,52 @@ class EntryRecorder:
 
     reads: int
     def __init__(self, probe: TensorProbe, head_elements: int) -> None: ...
-    def input(self, op: OpRecord, slot: str, tensor: Any, verify: bool) -> int: ...
-    def output(
-        self, op: OpRecord, slot: str, tensor: Any, index: int, kind: int, written: bool
-    ) -> int: ...
-    def inputs(self, op: OpRecord, name: str, values: Any, verify: bool) -> None: ...
-    def outputs(self, op: OpRecord, items: list[tuple[str, Any, bool]], index: int) -> None: ...
-    def settle(self) -> None: ...
-    def flush(self) -> None: ...
     def discard(self) -> None: ...
     def ring_load(self) -> float: ...
 
+class OpPlan:
+    """How an op's arguments and results are recorded, built once per op (csrc/op_plan.h)."""
+
+    def __init__(
+        self,
+        names: list[str],
+        written: list[str],
+        write_only: list[str],
+        defaults: tuple[tuple[str, Any, int], ...],
+        is_view: bool,
+        uninitialized_output: bool,
+        uninitialized_slots: list[str],
+        encode: Callable[[Any], Any],
+    ) -> None: ...
+    def inputs(
+        self, entries: EntryRecorder, args: tuple, kwargs: dict, verify: bool, capturing: bool
+    ) -> tuple[
+        OpRecord,
+        list[tuple[str, Any]] | None,  # written tensor arguments
+        list[tuple[str, Any]],  # non-tensor arguments
+        list[tuple[int, str, Any]] | None,  # inputs to capture
+    ]: ...
+    def outputs(
+        self,
+        entries: EntryRecorder,
+        op: OpRecord,
+        result: Any,
+        written: list[tuple[str, Any]] | None,
+        index: int,
+        in_flight: bool,
+        capturing: bool,
+    ) -> list[tuple[int, str, Any]] | None: ...
+
+def returned_tensors(probe: TensorProbe, result: Any) -> list[tuple[str, Any]]: ...
+
 class StackWalker:
     def __init__(
-        self, is_user_code: Callable[[CodeType], bool], site_id: Callable[[FrameType], int]
+        self,
+        is_user_code: Callable[[CodeType], bool],
+        site_id: Callable[[FrameType], int],
+        stack_id: Callable[[tuple[int, ...]], int],
     ) -> None: ...
-    def capture(self) -> tuple[int, ...] | None: ...
+    def capture(self) -> tuple[int, int] | None: ...
 
 def cupti_start(library: str) -> str: ...
 def cupti_push(op: int) -> None: ...

@@ -36,6 +36,7 @@ from conftest import opguard_cmd, run_cli
 
 import opguard
 import opguard.recorder.mode as recorder_mode
+from opguard import _C
 from opguard.recorder.tensors import entry_recorder, fingerprint_fields
 from opguard.store import OpRecord, RankTrace, Run, TraceError
 from opguard.store import schema as store_schema
@@ -441,52 +442,38 @@ def test_nested_recording_is_refused(tmp_path: Path) -> None:
 # -- recorder failures never stop the training -----------------------------------------------
 
 
-class WatchedEntries:
-    """The recorder's native entry builder behind a proxy that counts the tensors it reads and
-    can be made to fail on the ``nth`` call of one of its methods."""
+def _fail_on_call(monkeypatch: pytest.MonkeyPatch, native: type, method: str, nth: int) -> None:
+    """Makes the ``nth`` call of a native recorder method raise, as a bug or a tensor it cannot
+    read would."""
+    real = getattr(native, method)
+    calls = []
 
-    def __init__(self, fail_in: str = "", nth: int = 0) -> None:
-        self.real = entry_recorder()
-        self._fail_in, self._nth, self._calls = fail_in, nth, 0
+    def failing(self: Any, *args: Any) -> Any:
+        calls.append(method)
+        if len(calls) == nth:
+            raise RuntimeError("injected fingerprint failure")
+        return real(self, *args)
 
-    def _tick(self, method: str) -> None:
-        if method == self._fail_in:
-            self._calls += 1
-            if self._calls == self._nth:
-                raise RuntimeError("injected fingerprint failure")
-
-    def input(self, *args: Any) -> Any:
-        self._tick("input")
-        return self.real.input(*args)
-
-    def output(self, *args: Any) -> Any:
-        self._tick("output")
-        return self.real.output(*args)
-
-    def __getattr__(self, name: str) -> Any:  # everything else: the real one's
-        return getattr(self.real, name)
-
-
-def _watch_entries(monkeypatch: pytest.MonkeyPatch, entries: WatchedEntries) -> None:
-    monkeypatch.setattr(recorder_mode, "entry_recorder", lambda: entries)
+    monkeypatch.setattr(native, method, failing)
 
 
 @pytest.mark.parametrize(
-    "caller",
+    ("native", "method"),
     [
-        "input",  # fails before the op runs
-        "output",  # fails after it, while the record is built
+        (_C.OpPlan, "inputs"),  # fails before the op runs, reading its inputs
+        (_C.OpPlan, "outputs"),  # fails after it, while the record is built
     ],
 )
 def test_recorder_failure_does_not_stop_training(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    caller: str,
+    native: type,
+    method: str,
 ) -> None:
     tiny_module = load_tiny()
     plain = tiny_module.train(steps=3, dropout=0.1, report=quiet)
-    _watch_entries(monkeypatch, WatchedEntries(fail_in=caller, nth=3))
+    _fail_on_call(monkeypatch, native, method, nth=3)
     with opguard.record(tmp_path / "run") as session:
         recorded = tiny_module.train(steps=3, dropout=0.1, report=quiet)
     monkeypatch.undo()
@@ -590,8 +577,10 @@ def test_natively_packed_records_are_what_msgpack_writes(tmp_path: Path) -> None
     """Records' entries are packed natively (csrc/msgpack_out.h). Each stored record must be
     exactly what msgpack-python packs for the values it decodes to: any other reader of the
     trace sees standard msgpack, with the smallest integer forms and float64 stats.
-    The tensors cover every kind of field: stats with and without finite values, integers of
-    each width, bool tensors, views, writes and producers."""
+    The tensors cover every kind of entry field: stats with and without finite values, integers
+    of each width, bool tensors, views, writes and producers; the ops every kind of record
+    field: arguments of each type (floats, negative and wide integers, booleans, strings,
+    lists, dtypes), a random generator's state and a returned value."""
     with opguard.record(tmp_path / "run"):
         x = torch.tensor([1.5, -2.0, float("nan"), float("inf")])
         big = torch.tensor([2**62, -(2**40), 7], dtype=torch.int64)
@@ -601,12 +590,21 @@ def test_natively_packed_records_are_what_msgpack_writes(tmp_path: Path) -> None
         (big + 1).view(3, 1).bool().logical_and(flags[0])
         torch.empty(5).fill_(0.25)
         torch.arange(70.0).reshape(2, 35).t().contiguous()  # sizes and strides of 35 to 70
+        torch.clamp(x, min=-1.5, max=2**40)
+        torch.sum(x, dim=[0], keepdim=True, dtype=torch.float64)
+        torch.nn.functional.gelu(x, approximate="tanh")
+        torch.full((2,), -(2**40)).add_(-3)
+        torch.rand(3, generator=torch.Generator().manual_seed(3))
+        x[1].item()
     with Run(tmp_path / "run") as run:
         records = [raw for chunk in run.rank(0).raw_chunks() for raw in chunk]
     assert len(records) > 8
+    fields: set[str] = set()
     for raw in records:
         decoded = msgpack.unpackb(raw)
         assert msgpack.packb(decoded, use_bin_type=True) == raw, decoded
+        fields.update(decoded)
+    assert {"i", "o", "s", "p", "c", "k", "a", "r", "v", "x", "y"} <= fields
 
 
 def test_inputs_carry_their_producer(tmp_path: Path) -> None:
@@ -645,8 +643,8 @@ def test_inputs_carry_their_producer(tmp_path: Path) -> None:
 def test_view_outputs_are_flagged_and_not_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    entries = WatchedEntries()
-    _watch_entries(monkeypatch, entries)
+    entries = entry_recorder()  # the recorder's, to count the tensors it reads
+    monkeypatch.setattr(recorder_mode, "entry_recorder", lambda: entries)
     with opguard.record(tmp_path / "run"):
         z = torch.arange(6.0) * 3
         before = entries.reads

@@ -47,13 +47,14 @@ def _classifier() -> list[tuple[tuple[str, ...], bool]]:
 class CallSites:
     """Interns call sites and stacks into a trace. Runs for every forward op over the whole
     Python stack, which the native ``StackWalker`` walks, asking this class only the first time
-    it meets a code object (user code or not?) or an instruction in user code (its site id)."""
+    it meets a code object (user code or not?) or an instruction in user code (its site id),
+    and the writer only the first time it meets a stack (its id)."""
 
     def __init__(self, writer: TraceWriter) -> None:
         self._writer = writer
         self._rules = _classifier()
         self._locations: dict[int, tuple[str, int]] = {}  # site id -> (file, line)
-        self._walker = _C.StackWalker(self._is_user_code, self._site_id)
+        self._walker = _C.StackWalker(self._is_user_code, self._site_id, writer.intern_stack)
 
     def _is_user_code(self, code: CodeType) -> bool:
         filename = code.co_filename
@@ -79,10 +80,7 @@ class CallSites:
 
     def capture(self) -> tuple[int, int] | None:
         """(call-site id, stack id) of the current Python stack, or None if no user frame."""
-        sites = self._walker.capture()
-        if sites is None:
-            return None
-        return sites[-1], self._writer.intern_stack(sites)  # stored as a msgpack array
+        return self._walker.capture()
 
 
 def generated_by_inductor(path: str) -> bool:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from .. import _C
 from .arguments import encode
 from .collectives import collective_writes
 
@@ -48,11 +49,22 @@ class OpInfo:
     # caller leaves them out, so F.gelu(x) and F.gelu(x, approximate="none") record the same
     # call.
     defaults: tuple[tuple[str, Any, int], ...] = ()
+    # How a call's arguments and results are walked into its record, natively
+    # (csrc/op_plan.h).
+    plan: _C.OpPlan = field(init=False, compare=False, repr=False)
 
-    @property
-    def has_uninitialized(self) -> bool:
-        """Whether some output may hold memory nobody has written (flagged, not read)."""
-        return self.uninitialized_output or bool(self.uninitialized_slots)
+    def __post_init__(self) -> None:
+        plan = _C.OpPlan(
+            names=list(self.arg_names),
+            written=sorted(self.written_args),
+            write_only=sorted(self.out_args),
+            defaults=self.defaults,
+            is_view=self.is_view,
+            uninitialized_output=self.uninitialized_output,
+            uninitialized_slots=sorted(self.uninitialized_slots),
+            encode=encode,
+        )
+        object.__setattr__(self, "plan", plan)  # frozen: set once, here
 
 
 def op_info(func: torch._ops.OpOverload, intern_name: object) -> OpInfo:

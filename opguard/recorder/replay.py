@@ -23,9 +23,8 @@ import torch
 from ..analysis.divergence import ArgumentDiff, differing_arguments
 from ..store import OpRecord, RankTrace, TensorRecord
 from ..store.captures import INPUT, OUTPUT, CapturedTensor
-from .mode import returned_tensors
 from .ops import op_info
-from .tensors import fingerprint_fields
+from .tensors import fingerprint_fields, returned_tensors
 
 REFERENCE_DTYPES = {torch.complex32: torch.complex128, torch.complex64: torch.complex128}
 

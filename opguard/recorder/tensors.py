@@ -67,6 +67,12 @@ def fingerprint_fields(tensor: torch.Tensor) -> Fields | PendingFields:
     return _PROBE.fingerprint(tensor, HEAD_ELEMENTS)
 
 
+def returned_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
+    """(slot, tensor) of every plain tensor an op returned, nested lists included, as the
+    recorder lists its outputs (``csrc/op_plan.h``)."""
+    return _C.returned_tensors(_PROBE, out)
+
+
 def entry_recorder() -> EntryRecorder:
     """A new native :class:`opguard._C.EntryRecorder`: the entries of op inputs and outputs, and
     what is known of each live tensor's producer and content (``csrc/provenance.h``)."""
