@@ -56,25 +56,28 @@ class StackWalker {
 
   // (site id, stack id), or None when no frame is user code (autograd's threads).
   py::object capture() {
-    sites_.clear();  // innermost first
+    // Local, not a member: a callback into Python may let another thread (autograd's) walk
+    // its own stack before this walk is done.
+    std::vector<int64_t> sites;  // innermost first
     py::object frame =
         py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(PyEval_GetFrame()));
     while (frame) {
       auto* f = reinterpret_cast<PyFrameObject*>(frame.ptr());
       py::object code =
           py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(PyFrame_GetCode(f)));
-      if (is_user(code)) sites_.push_back(site(frame, code, last_instruction(f)));
+      if (is_user(code)) sites.push_back(site(frame, code, last_instruction(f)));
       frame = py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(PyFrame_GetBack(f)));
     }
-    if (sites_.empty()) return py::none();
-    std::reverse(sites_.begin(), sites_.end());  // outermost first, as stored
-    auto stack = stacks_.find(sites_);
+    if (sites.empty()) return py::none();
+    std::reverse(sites.begin(), sites.end());  // outermost first, as stored
+    auto stack = stacks_.find(sites);
     if (stack == stacks_.end()) {
-      py::tuple ids(sites_.size());
-      for (size_t i = 0; i < sites_.size(); ++i) ids[i] = py::int_(sites_[i]);
-      stack = stacks_.emplace(sites_, stack_id_(ids).cast<int64_t>()).first;
+      py::tuple ids(sites.size());
+      for (size_t i = 0; i < sites.size(); ++i) ids[i] = py::int_(sites[i]);
+      const auto id = stack_id_(ids).cast<int64_t>();
+      stack = stacks_.emplace(sites, id).first;
     }
-    return py::make_tuple(sites_.back(), stack->second);
+    return py::make_tuple(sites.back(), stack->second);
   }
 
  private:
@@ -100,7 +103,6 @@ class StackWalker {
   std::unordered_map<const PyObject*, bool> user_;
   std::unordered_map<SiteKey, int64_t, SiteKeyHash> site_ids_;
   std::unordered_map<std::vector<int64_t>, int64_t, StackHash> stacks_;
-  std::vector<int64_t> sites_;    // the walk's scratch
   std::vector<py::object> kept_;  // every cached code object, alive for as long as the walker
 };
 

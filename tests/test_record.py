@@ -1014,6 +1014,9 @@ def test_tiny_transformer_phases_and_call_sites(tiny: Recorded) -> None:
         and op.outputs[0].shape == (16, 48)
     ]
     assert len(first_linear) == 3  # one per step
+    # One stack, interned once: every step's call reuses its id, which no other site's has.
+    (qkv_stack,) = {op.stack_id for op in first_linear}
+    assert all(op.stack_id != qkv_stack for op in ops if op.call_site.line != qkv_line)
     for op in first_linear:
         site = op.call_site
         assert (site.file, site.line, site.function) == (script, qkv_line, "forward")
