@@ -5,8 +5,9 @@
    thread, OpGuard's trace writer), from /proc: a step whose threads are busy for its whole
    length is host-bound;
 2. wall time per step inside each part of the recorder (the dispatch handler, the work before
-   and after each op, entries (one native call per tensor), call sites), measured by
-   wrapping those functions with a timer; parts nest, so shares overlap;
+   and after each op, the native walks of its inputs and outputs, the packing of its record,
+   call sites), measured by wrapping those functions with a timer; parts nest, so shares
+   overlap;
 3. with ``--gpu``, the GPU time of the recorded steps by kernel, from torch.profiler (OpGuard's
    own kernel collection off, since CUPTI takes one subscriber): the fingerprint kernels' share
    of the device;
@@ -36,16 +37,20 @@ import torch
 from overhead import build
 
 import opguard
+from opguard import _C
 from opguard.recorder import mode
+from opguard.recorder.callsite import CallSites
 
-# (owner, function name) of the recorder parts timed by --parts
+# (owner, function name) of the recorder parts timed (the default mode)
 PARTS: list[tuple[Any, str]] = [
     (mode.OpRecorder, "__torch_dispatch__"),
     (mode.OpRecorder, "_before"),
     (mode.OpRecorder, "_after"),
-    (mode.OpRecorder, "_input_entry"),
-    (mode.OpRecorder, "_output"),
+    (_C.OpPlan, "inputs"),
+    (_C.OpPlan, "outputs"),
+    (_C.OpRecord, "finish"),
     (mode.OpRecorder, "_locate"),
+    (CallSites, "capture"),
 ]
 
 
