@@ -59,9 +59,10 @@ std::vector<Result> returned_tensors(const TensorProbe& probe, py::handle result
 
 // One call's walk of its arguments: the op being built and the lists it returns.
 struct OpPlan::InputWalk {
-  InputWalk(EntryRecorder& entries, bool verify, bool capturing)
-      : entries(entries), verify(verify), capturing(capturing) {}
+  InputWalk(const OpPlan& plan, EntryRecorder& entries, bool verify, bool capturing)
+      : plan(plan), entries(entries), verify(verify), capturing(capturing) {}
 
+  const OpPlan& plan;
   EntryRecorder& entries;
   bool verify, capturing;
   std::shared_ptr<OpRecord> op = std::make_shared<OpRecord>();
@@ -75,7 +76,7 @@ struct OpPlan::InputWalk {
     }
   }
 
-  void argument(const OpPlan& plan, py::handle name, const std::string& text, py::handle value) {
+  void argument(py::handle name, const std::string& text, py::handle value) {
     const TensorProbe& probe = entries.probe();
     const int role = plan.role(text);
     if (probe.is_tensor(value)) {
@@ -143,17 +144,17 @@ py::object OpPlan::encode(py::handle value) const {
 py::tuple OpPlan::inputs(EntryRecorder& entries, const py::tuple& args, const py::dict& kwargs,
                          bool verify, bool capturing) const {
   entries.settle();
-  InputWalk walk(entries, verify, capturing);
+  InputWalk walk(*this, entries, verify, capturing);
   const size_t given = args.size();
   for (size_t position = 0; position < given; ++position) {
     if (position < names_.size()) {
-      walk.argument(*this, names_[position], name_texts_[position], args[position]);
+      walk.argument(names_[position], name_texts_[position], args[position]);
     } else {
       const std::string text = std::to_string(position);
-      walk.argument(*this, py::str(text), text, args[position]);
+      walk.argument(py::str(text), text, args[position]);
     }
   }
-  for (auto [name, value] : kwargs) walk.argument(*this, name, utf8(name), value);
+  for (auto [name, value] : kwargs) walk.argument(name, utf8(name), value);
   for (const Default& d : defaults_) {
     if (d.position >= given && !kwargs.contains(d.name)) {
       walk.arguments.append(py::make_tuple(d.name, d.value));

@@ -17,6 +17,10 @@ def encode(value: Any) -> Any:
     Numbers, strings, booleans and None are kept as they are (floats bit-exact); torch enums
     become their names; a generator becomes the fingerprint of its state, so a reseeded
     generator is seen as a changed argument.
+
+    The recorder's native walk (``OpPlan::encode`` in csrc/op_plan.cpp) renders None, numbers,
+    strings and lists itself, as the first two branches here do, and calls this function for
+    the rest: keep the two in step.
     """
     if value is None or isinstance(value, (bool, int, float, str)):
         return value

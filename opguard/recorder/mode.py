@@ -232,11 +232,16 @@ class OpRecorder(TorchDispatchMode):
         op, written, arguments, taken = info.plan.inputs(
             self._entries, args, kwargs, self.verify_inputs, capturing
         )
-        if taken and self.capture is not None:
-            for position, slot, tensor in taken:
-                self.capture.take(self.next_index, INPUT, position, slot, tensor)
+        self._capture(self.next_index, INPUT, taken)
         rng = self._rng_state(kwargs.get("generator"), args, kwargs) if info.is_random else None
         return info, op, written, arguments, rng, capturing
+
+    def _capture(self, index: int, side: str, taken: list[tuple[int, str, Any]] | None) -> None:
+        """Captures the tensors an ``OpPlan`` walk chose (with ``--capture``; None otherwise):
+        (position, slot, tensor) of op ``index``'s inputs or outputs."""
+        if taken and self.capture is not None:
+            for position, slot, tensor in taken:
+                self.capture.take(index, side, position, slot, tensor)
 
     def _site_now(self) -> tuple[str, int] | None:
         """The (file, line) the op will be recorded at, looked up before it runs (for
@@ -271,9 +276,7 @@ class OpRecorder(TorchDispatchMode):
         taken = info.plan.outputs(
             self._entries, op, out, written, index, self._in_flight, capturing
         )
-        if taken and self.capture is not None:
-            for position, slot, tensor in taken:
-                self.capture.take(index, OUTPUT, position, slot, tensor)
+        self._capture(index, OUTPUT, taken)
         phase, forward, located = self._locate(index)
         value = encode(out) if out is not None and not op.output_count else None
         packed = op.finish(
