@@ -54,13 +54,18 @@ class StackWalker {
         site_id_(std::move(site_id)),
         stack_id_(std::move(stack_id)) {}
 
-  // (site id, stack id), or None when no frame is user code (autograd's threads).
-  py::object capture() {
+  // (site id, stack id) of the stack from `start` outwards (the current frame when None), or
+  // None when no frame is user code (autograd's threads). Since Python 3.11 a frame object is
+  // made on demand for each frame the walk passes: starting at the op's caller skips making
+  // them for the recorder's own frames between it and this call.
+  py::object capture(const py::object& start) {
     // Local, not a member: a callback into Python may let another thread (autograd's) walk
     // its own stack before this walk is done.
     std::vector<int64_t> sites;  // innermost first
-    py::object frame =
-        py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(PyEval_GetFrame()));
+    py::object frame = start.is_none() ? py::reinterpret_borrow<py::object>(
+                                             reinterpret_cast<PyObject*>(PyEval_GetFrame()))
+                                       : start;
+    if (frame && !PyFrame_Check(frame.ptr())) throw py::type_error("capture: not a frame");
     while (frame) {
       auto* f = reinterpret_cast<PyFrameObject*>(frame.ptr());
       py::object code =
@@ -115,9 +120,9 @@ void bind_callstack(py::module_& m) {
            py::arg("site_id"), py::arg("stack_id"),
            "is_user_code(code) -> bool, site_id(frame) -> int and stack_id(site ids, outermost "
            "first) -> int are called once per code object, (code, instruction) and stack.")
-      .def("capture", &StackWalker::capture,
-           "(site id, stack id) of the current Python stack, or None when no frame is user "
-           "code.");
+      .def("capture", &StackWalker::capture, py::arg("start") = py::none(),
+           "(site id, stack id) of the Python stack from frame `start` outwards (the caller's "
+           "when None), or None when no frame is user code.");
 }
 
 }  // namespace opguard

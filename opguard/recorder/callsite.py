@@ -78,9 +78,11 @@ class CallSites:
         """(file, line) of an interned call site."""
         return self._locations.get(ident)
 
-    def capture(self) -> tuple[int, int] | None:
-        """(call-site id, stack id) of the current Python stack, or None if no user frame."""
-        return self._walker.capture()
+    def capture(self, start: FrameType | None = None) -> tuple[int, int] | None:
+        """(call-site id, stack id) of the Python stack from frame ``start`` outwards (the
+        caller's when None), or None if no frame on it is user code. Passing the frame that
+        ran the op saves the walk a frame object per recorder frame above it."""
+        return self._walker.capture(start)
 
 
 def generated_by_inductor(path: str) -> bool:

@@ -8,8 +8,10 @@ the trace.
 
 from __future__ import annotations
 
+import sys
 import traceback
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import torch
@@ -121,8 +123,9 @@ class OpRecorder(TorchDispatchMode):
             except Exception as exc:
                 self.fail(exc)
                 return func(*args, **kwargs)
+        caller = _caller_frame()
         if not is_collective(func.namespace):
-            return self.record_call(info, func, args, kwargs)
+            return self.record_call(info, func, args, kwargs, caller=caller)
         # An output still in flight is fingerprinted by its first reader, not here.
         return self.record_call(
             info,
@@ -130,6 +133,7 @@ class OpRecorder(TorchDispatchMode):
             args,
             kwargs,
             in_flight=lambda out: not wait(func.namespace, func._opname, out),
+            caller=caller,
         )
 
     def record_call(
@@ -142,20 +146,22 @@ class OpRecorder(TorchDispatchMode):
         in_flight: Callable[[Any], bool] | None = None,
         arguments: list[list[Any]] | None = None,
         nested: bool = False,
+        caller: FrameType | None = None,
     ) -> Any:
         """Runs ``run(*args, **kwargs)`` once and records it as one op described by ``info``:
         an ATen op, or a unit the dispatcher does not see (a compiled region, a generated
         kernel). ``arguments``: extra non-tensor arguments to record (e.g. a code digest).
         ``nested``: ``run`` records ops of its own (a compiled region's kernels), which come
-        first in the trace and own their GPU work."""
+        first in the trace and own their GPU work. ``caller``: the frame that ran the op, where
+        the walk for its call site starts (the current frame when None)."""
         kernels = self.kernels
         if kernels is None:
-            return self._record_call(info, run, args, kwargs, in_flight, arguments, nested)
+            return self._record_call(info, run, args, kwargs, in_flight, arguments, nested, caller)
         # The recorder's own GPU work (fingerprints, captures) is never reported; GPU work the
         # thread launches after this call, outside any op, follows the last op recorded.
         kernels.enter()
         try:
-            return self._record_call(info, run, args, kwargs, in_flight, arguments, nested)
+            return self._record_call(info, run, args, kwargs, in_flight, arguments, nested, caller)
         finally:
             kernels.leave(self.next_index - 1)
 
@@ -168,6 +174,7 @@ class OpRecorder(TorchDispatchMode):
         in_flight: Callable[[Any], bool] | None,
         arguments: list[list[Any]] | None,
         nested: bool,
+        caller: FrameType | None,
     ) -> Any:
         try:
             pending = self._before(info, args, kwargs, nested)
@@ -186,7 +193,7 @@ class OpRecorder(TorchDispatchMode):
                 self.kernels.pop()
         self._in_flight = in_flight is not None and in_flight(out)
         try:
-            self._after(pending, out)
+            self._after(pending, out, caller)
         except Exception as exc:
             self.fail(exc)
         return out
@@ -261,23 +268,19 @@ class OpRecorder(TorchDispatchMode):
         """Fingerprint of the generator a random op draws from: the explicit one, else the
         default generator of the op's device."""
         if generator is None:
-            device = _op_device(args, kwargs)
-            if device.type == "cuda":
-                generator = torch.cuda.default_generators[device.index or 0]
-            else:
-                generator = torch.default_generator
+            generator = _default_generator(args, kwargs)
         return generator_fingerprint(generator)
 
     # -- after the op: outputs, call site, record ------------------------------------------
 
-    def _after(self, pending: tuple, out: Any) -> None:
+    def _after(self, pending: tuple, out: Any, caller: FrameType | None) -> None:
         info, op, written, arguments, rng, capturing = pending
         index = self.next_index
         taken = info.plan.outputs(
             self._entries, op, out, written, index, self._in_flight, capturing
         )
         self._capture(index, OUTPUT, taken)
-        phase, forward, located = self._locate(index)
+        phase, forward, located = self._locate(index, caller)
         value = encode(out) if out is not None and not op.output_count else None
         packed = op.finish(
             index, info.name_id, self._steps.step, phase, forward, located, arguments, rng, value
@@ -291,9 +294,11 @@ class OpRecorder(TorchDispatchMode):
         # Counted once queued: a failure above reports this op as the first one not recorded.
         self.next_index = index + 1
 
-    def _locate(self, index: int) -> tuple[int, int | None, tuple[int, int] | None]:
-        """(phase, forward op, (call site, stack)) of op ``index``; None where unknown. Backward
-        ops borrow their forward op's call site."""
+    def _locate(
+        self, index: int, caller: FrameType | None
+    ) -> tuple[int, int | None, tuple[int, int] | None]:
+        """(phase, forward op, (call site, stack)) of op ``index``, run from frame ``caller``;
+        None where unknown. Backward ops borrow their forward op's call site."""
         node = torch._C._current_autograd_node()
         if node is not None:
             if not self._in_backward:  # the host has time to spare: let the writer catch up
@@ -302,7 +307,7 @@ class OpRecorder(TorchDispatchMode):
             forward = self._forward_sites.get(node._sequence_nr())
             if forward is not None:
                 return _BACKWARD, forward[0], forward[1]
-            return _BACKWARD, None, self._sites.capture()
+            return _BACKWARD, None, self._sites.capture(caller)
         self._in_backward = False
         steps = self._steps
         phase = (
@@ -312,7 +317,7 @@ class OpRecorder(TorchDispatchMode):
             if self.region_phase is not None
             else (_FORWARD if torch.is_grad_enabled() else _OTHER)
         )
-        located = self._sites.capture()
+        located = self._sites.capture(caller)
         sequence_nr = torch._C._autograd._get_sequence_nr()
         if sequence_nr != self._last_sequence_nr:
             # The first op after the counter moved is the one whose autograd node took it.
@@ -329,9 +334,26 @@ def failure_info(index: int, exc: BaseException) -> dict[str, Any]:
     }
 
 
-def _op_device(args: tuple, kwargs: dict) -> torch.device:
+def _caller_frame() -> FrameType | None:
+    """The frame that ran the op ``__torch_dispatch__`` was called for (None when it was called
+    from C++ alone: autograd's threads)."""
+    try:
+        return sys._getframe(2)  # above this function and __torch_dispatch__
+    except ValueError:
+        return None
+
+
+def _default_generator(args: tuple, kwargs: dict) -> torch.Generator:
+    """The default generator of an op's device: its first tensor argument's, else its
+    ``device`` argument's, else the CPU's."""
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor):
-            return value.device
+            # is_cuda and get_device() cost less than building the tensor's torch.device
+            if value.is_cuda:
+                return torch.cuda.default_generators[value.get_device()]
+            return torch.default_generator
     device = kwargs.get("device")
-    return torch.device(device) if device is not None else torch.device("cpu")
+    device = torch.device(device) if device is not None else None
+    if device is not None and device.type == "cuda":
+        return torch.cuda.default_generators[device.index or 0]
+    return torch.default_generator
