@@ -62,9 +62,10 @@ class StackWalker {
     // Local, not a member: a callback into Python may let another thread (autograd's) walk
     // its own stack before this walk is done.
     std::vector<int64_t> sites;  // innermost first
-    py::object frame = start.is_none() ? py::reinterpret_borrow<py::object>(
-                                             reinterpret_cast<PyObject*>(PyEval_GetFrame()))
-                                       : start;
+    py::object frame =
+        start.is_none()
+            ? py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(PyEval_GetFrame()))
+            : start;
     if (frame && !PyFrame_Check(frame.ptr())) throw py::type_error("capture: not a frame");
     while (frame) {
       auto* f = reinterpret_cast<PyFrameObject*>(frame.ptr());

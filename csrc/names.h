@@ -12,8 +12,7 @@ struct Names {
       is_cuda{"is_cuda"}, is_cpu{"is_cpu"}, is_nested{"is_nested"}, version{"_version"};
   pybind11::str stride{"stride"}, data_ptr{"data_ptr"}, get_device{"get_device"},
       is_conj{"is_conj"}, is_neg{"is_neg"}, resolve_conj{"resolve_conj"},
-      resolve_neg{"resolve_neg"}, is_contiguous{"is_contiguous"},
-      untyped_storage{"untyped_storage"};
+      resolve_neg{"resolve_neg"}, untyped_storage{"untyped_storage"};
 };
 
 // One instance per process, made on first use (with the GIL held) and never destroyed: it

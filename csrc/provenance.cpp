@@ -68,7 +68,11 @@ std::pair<EntryRecorder::KnownPtr, bool> EntryRecorder::find(py::handle tensor,
   auto found = by_object_.find(reinterpret_cast<uintptr_t>(tensor.ptr()));
   if (found != by_object_.end() && referent(found->second->ref) == tensor.ptr()) {
     version = probe_.version(tensor);
-    if (found->second->valid_for(version)) return {found->second, true};
+    // `x.data = y` (an EMA update, Module._apply) swaps x's memory without an op or a version
+    // bump: the address and geometry tell
+    if (found->second->valid_for(version) && same_geometry(*found->second, tensor, facts)) {
+      return {found->second, true};
+    }
   }
   uintptr_t storage = 0;
   if (!storage_of(tensor, &storage)) return {nullptr, false};

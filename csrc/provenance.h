@@ -5,7 +5,8 @@
 // something recorded) and nothing wrote it since, its fingerprint is already known and its
 // producer is that op. Two lookups:
 //
-// 1. by Python object (weakly held), for tensors that stay alive in Python;
+// 1. by Python object (weakly held), for tensors that stay alive in Python, while they still
+//    hold the memory they were known with (`x.data = y` swaps it without an op);
 // 2. by storage, for the last non-view write of each storage (and leaves read so far), while that
 //    storage is alive: an exact geometry match is that tensor; anything else is a view of it
 //    (C++ composites create views and pass them on in new Python objects, as F.linear does with

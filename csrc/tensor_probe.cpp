@@ -136,14 +136,30 @@ bool TensorProbe::address(py::handle tensor, const TensorFacts& facts, uintptr_t
 bool TensorProbe::has_lazy_bits(py::handle tensor, const TensorFacts& facts) {
   if (facts.lazy_bits < 0) {
     const Names& k = names();
-    facts.lazy_bits = is_true(call(tensor, k.is_conj)) || is_true(call(tensor, k.is_neg));
+    // torch sets the conjugate bit on complex tensors only (it asserts so); any tensor can
+    // carry the negative one (the imaginary part of a conjugate view does)
+    const Kind kind = facts.dtype->kind;
+    const bool complex =
+        kind == Kind::Complex32 || kind == Kind::Complex64 || kind == Kind::Complex128;
+    facts.lazy_bits =
+        (complex && is_true(call(tensor, k.is_conj))) || is_true(call(tensor, k.is_neg));
   }
   return facts.lazy_bits == 1;
 }
 
+bool TensorFacts::contiguous() const {
+  if (numel() == 0) return true;
+  int64_t expected = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    if (sizes[d] == 1) continue;
+    if (strides[d] != expected) return false;
+    expected *= sizes[d];
+  }
+  return true;
+}
+
 bool TensorProbe::views_derive_from(py::handle tensor, const TensorFacts& facts) {
-  return facts.readable && is_true(call(tensor, names().is_contiguous)) &&
-         !has_lazy_bits(tensor, facts);
+  return facts.readable && facts.contiguous() && !has_lazy_bits(tensor, facts);
 }
 
 int64_t TensorProbe::version(py::handle tensor) {

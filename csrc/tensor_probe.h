@@ -46,6 +46,9 @@ struct TensorFacts {
   mutable int8_t lazy_bits = -1;  // -1: not asked yet
 
   int64_t numel() const;
+  // Whether a strided tensor is contiguous in torch's default sense (is_contiguous(): size-1
+  // dimensions take any stride, an empty tensor is contiguous), without asking torch.
+  bool contiguous() const;
   int64_t nbytes() const { return numel() * dtype->itemsize; }
 };
 

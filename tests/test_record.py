@@ -731,6 +731,24 @@ def test_view_of_uninitialized_memory_is_still_a_view(tmp_path: Path) -> None:
     assert out.is_view
 
 
+def test_data_assignment_gives_the_new_memorys_producer(tmp_path: Path) -> None:
+    """``p.data = new`` (an EMA update, ``Module._apply``) swaps a tensor's memory without an op
+    and without a version bump: later readers of ``p`` get the new memory's producer and
+    fingerprint, not those of the memory it held before."""
+    with opguard.record(tmp_path / "run"):
+        average = torch.zeros(4).clone()  # an op's output: known by its Python object
+        first = average * 1
+        average.data = torch.arange(4.0) + 1
+        second = average * 2
+        del first, second
+    ops = list(open_trace(tmp_path / "run").ops())
+    clone, add = _find(ops, "aten::clone.default"), _find(ops, "aten::add.Tensor")
+    before, after = (op.inputs[0] for op in ops if op.op == "aten::mul.Tensor")
+    assert before.producer == (clone.index, 0)
+    assert after.producer == (add.index, 0)
+    assert after.hash == add.outputs[0].hash != before.hash
+
+
 def test_no_stale_fingerprint_from_a_reused_address(tmp_path: Path) -> None:
     """A tensor made outside the dispatcher (from_numpy here; torch.tensor, optimizer state and
     DataLoader batches alike) at the address of a freed recorded tensor is read for what it

@@ -10,6 +10,7 @@ lost.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
@@ -89,8 +90,9 @@ class TraceWriter:
         self.intern_name = Interner(lambda i, v: self._put_later("names", schema.id_key(i), v))
         self.intern_site = Interner(lambda i, v: self._put_later("sites", schema.id_key(i), v))
         self.intern_stack = Interner(lambda i, v: self._put_later("stacks", schema.id_key(i), v))
-        self._pending: list[tuple[str, bytes, Any]] = []
-        self._lock = threading.Lock()
+        # Appended by the recording threads, taken by the writer: deque appends and pops are
+        # atomic, so neither side takes a lock (one per op, on the training thread, before).
+        self._pending: collections.deque[tuple[str, bytes, Any]] = collections.deque()
         self._wake = threading.Event()
         self._closing = False
         self._batch_size = batch_size
@@ -109,8 +111,12 @@ class TraceWriter:
         self._thread.start()
 
     def _put_later(self, db: str, key: bytes, value: Any) -> None:
-        with self._lock:
-            self._pending.append((db, key, value))
+        self._pending.append((db, key, value))
+
+    def _take_pending(self) -> list[tuple[str, bytes, Any]]:
+        """Everything queued so far, in order; what is queued meanwhile stays for the next."""
+        pending = self._pending
+        return [pending.popleft() for _ in range(len(pending))]
 
     def append(self, index: int, record: bytes | dict[str, Any] | Deferred) -> None:
         """Queues op ``index``: its packed bytes, a dict packed here, or a deferred record,
@@ -120,9 +126,9 @@ class TraceWriter:
         which then promote and rescan thousands of them per step."""
         deferred = not isinstance(record, (bytes, dict))
         value = packb(record) if isinstance(record, dict) else record
-        with self._lock:
-            self._pending.append(("ops", schema.op_key(index), value))
-            count = len(self._pending)
+        pending = self._pending
+        pending.append(("ops", schema.op_key(index), value))
+        count = len(pending)
         # GPU records hold fingerprint ring space until packed: drain every GPU_BATCH of them.
         if count >= self._batch_size or (deferred and count % GPU_BATCH == 0):
             self._wake.set()
@@ -139,8 +145,7 @@ class TraceWriter:
             self._wake.wait(self._flush_interval)
             self._wake.clear()
             closing = self._closing
-            with self._lock:
-                batch, self._pending = self._pending, []
+            batch = self._take_pending()
             batch += self._kernel_items(final=False)
             if batch:
                 try:
@@ -228,8 +233,7 @@ class TraceWriter:
         self._closing = True
         self._wake.set()
         self._thread.join()
-        with self._lock:
-            batch, self._pending = self._pending, []
+        batch = self._take_pending()
         end = ("info", b"end", {**end_info, "ended": time.time()})
         if self.error is None:
             try:
