@@ -8,6 +8,8 @@ compiles each variant from scratch.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import subprocess
 import sys
@@ -15,10 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from conftest import opguard_cmd, run_cli
 from scenario_runs import COMPILED, Recordings, session_recordings
 from test_scenarios import diff, diverged, identical, line_of
+from torch._dynamo.utils import counters
 
+import opguard
 from opguard.recorder.compiled import kernel_sources
 from opguard.store import OpRecord, Run
 
@@ -269,3 +274,28 @@ def test_a_region_does_not_keep_its_inputs_alive(tmp_path: Path) -> None:
         info = unit_info(recorder, "compiled::test.forward", ("inputs",))
         recorder.record_call(info, region, (inputs,), {}, nested=True)
     assert alive_inside == [False]
+
+
+def _deepcopy_between(x: torch.Tensor) -> torch.Tensor:
+    y = x.sin()
+    z = copy.deepcopy(y)  # a graph break: runs eagerly, its ops dispatched under Dynamo's hook
+    return z.cos() + 1
+
+
+def _frames_compiled(run_dir: Path | None) -> int:
+    """Frames Dynamo compiled for one call of a freshly compiled ``_deepcopy_between``."""
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(_deepcopy_between, backend="eager")
+    with opguard.record(run_dir) if run_dir else contextlib.nullcontext():
+        compiled(torch.randn(4))
+    return int(counters["frames"]["total"])
+
+
+def test_dynamo_leaves_the_recorder_alone(tmp_path: Path) -> None:
+    """Python a compiled function runs eagerly (at a graph break) runs under Dynamo's frame
+    hook, and so do the recorder's frames for the ops it dispatches: Dynamo must not compile
+    them as if they were the user's code."""
+    plain = _frames_compiled(None)
+    assert _frames_compiled(tmp_path / "run") == plain
+    assert "aten::set_.source_Storage" in [op.op for op in ops_of(tmp_path / "run")]  # deepcopy

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import traceback
 from collections.abc import Callable
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 import torch
@@ -44,6 +44,22 @@ RING_DRAIN = 0.5
 UNRECORDED_NAMESPACES = frozenset({"profiler"})
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 DATALESS_TENSORS = (FakeTensor, FunctionalTensor)
+
+
+def skip_dynamo_recursively(code: CodeType) -> bool:
+    """Has Dynamo skip frames of ``code`` and every frame they call, as
+    ``torch._disable_dynamo(recursive=True)`` does for a function it wraps; False when this
+    torch has no such mark (its frame execution strategies are private)."""
+    try:
+        from torch._C._dynamo.eval_frame import (
+            _FrameAction,
+            _FrameExecStrategy,
+            set_code_exec_strategy,
+        )
+    except ImportError:
+        return False
+    set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+    return True
 
 
 class TraceWriteFailed(RuntimeError):
@@ -89,6 +105,16 @@ class OpRecorder(TorchDispatchMode):
         self.verify_inputs = False
 
     # -- dispatch -------------------------------------------------------------------------
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """Whether torch wraps ``__torch_dispatch__`` in ``torch._disable_dynamo``, so that
+        Dynamo, running while a compiled function runs, never compiles it or anything it calls.
+        Marking its code object skipped by Dynamo, for itself and what it calls, does the same
+        inside the interpreter's frame hook; the wrapper cost a few Python calls per op (~4% of
+        a recorded forward pass's host time). It stays where this torch cannot mark code."""
+        dispatch = cls.__dict__.get("__torch_dispatch__")
+        return dispatch is None or not skip_dynamo_recursively(dispatch.__code__)
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
