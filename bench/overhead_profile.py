@@ -39,7 +39,6 @@ from overhead import build
 import opguard
 from opguard import _C
 from opguard.recorder import mode
-from opguard.recorder.callsite import CallSites
 
 # (owner, function name) of the recorder parts timed (the default mode)
 PARTS: list[tuple[Any, str]] = [
@@ -50,7 +49,7 @@ PARTS: list[tuple[Any, str]] = [
     (_C.OpPlan, "outputs"),
     (_C.OpRecord, "finish"),
     (mode.OpRecorder, "_locate"),
-    (CallSites, "capture"),
+    (_C.StackWalker, "capture"),
 ]
 
 

@@ -7,6 +7,7 @@ import linecache
 import os
 import site
 import sysconfig
+from collections.abc import Callable
 from types import CodeType, FrameType
 
 import torch
@@ -54,7 +55,12 @@ class CallSites:
         self._writer = writer
         self._rules = _classifier()
         self._locations: dict[int, tuple[str, int]] = {}  # site id -> (file, line)
-        self._walker = _C.StackWalker(self._is_user_code, self._site_id, writer.intern_stack)
+        walker = _C.StackWalker(self._is_user_code, self._site_id, writer.intern_stack)
+        # capture(start=None) -> (call-site id, stack id) of the Python stack from frame
+        # ``start`` outwards (the caller's when None), or None if no frame on it is user code.
+        # Passing the frame that ran the op saves the walk a frame object per recorder frame
+        # above it. The native method itself: one Python call less per op.
+        self.capture: Callable[[FrameType | None], tuple[int, int] | None] = walker.capture
 
     def _is_user_code(self, code: CodeType) -> bool:
         filename = code.co_filename
@@ -77,12 +83,6 @@ class CallSites:
     def location(self, ident: int) -> tuple[str, int] | None:
         """(file, line) of an interned call site."""
         return self._locations.get(ident)
-
-    def capture(self, start: FrameType | None = None) -> tuple[int, int] | None:
-        """(call-site id, stack id) of the Python stack from frame ``start`` outwards (the
-        caller's when None), or None if no frame on it is user code. Passing the frame that
-        ran the op saves the walk a frame object per recorder frame above it."""
-        return self._walker.capture(start)
 
 
 def generated_by_inductor(path: str) -> bool:

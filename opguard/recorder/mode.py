@@ -25,7 +25,7 @@ from ..store.captures import INPUT, OUTPUT
 from .arguments import encode, generator_fingerprint
 from .callsite import CallSites
 from .capture import Capturer
-from .collectives import is_collective, wait
+from .collectives import wait
 from .kernels import KernelActivity
 from .ops import OpInfo, op_info
 from .tensors import entry_recorder
@@ -150,7 +150,7 @@ class OpRecorder(TorchDispatchMode):
                 self.fail(exc)
                 return func(*args, **kwargs)
         caller = _caller_frame()
-        if not is_collective(func.namespace):
+        if not info.is_collective:
             return self.record_call(info, func, args, kwargs, caller=caller)
         # An output still in flight is fingerprinted by its first reader, not here.
         return self.record_call(
@@ -265,14 +265,15 @@ class OpRecorder(TorchDispatchMode):
         op, written, arguments, taken = info.plan.inputs(
             self._entries, args, kwargs, self.verify_inputs, capturing
         )
-        self._capture(self.next_index, INPUT, taken)
+        if taken:
+            self._capture(self.next_index, INPUT, taken)
         rng = self._rng_state(kwargs.get("generator"), args, kwargs) if info.is_random else None
         return info, op, written, arguments, rng, capturing
 
-    def _capture(self, index: int, side: str, taken: list[tuple[int, str, Any]] | None) -> None:
-        """Captures the tensors an ``OpPlan`` walk chose (with ``--capture``; None otherwise):
-        (position, slot, tensor) of op ``index``'s inputs or outputs."""
-        if taken and self.capture is not None:
+    def _capture(self, index: int, side: str, taken: list[tuple[int, str, Any]]) -> None:
+        """Captures the tensors an ``OpPlan`` walk chose (with ``--capture``): (position, slot,
+        tensor) of op ``index``'s inputs or outputs."""
+        if self.capture is not None:
             for position, slot, tensor in taken:
                 self.capture.take(index, side, position, slot, tensor)
 
@@ -285,7 +286,7 @@ class OpRecorder(TorchDispatchMode):
             forward = self._forward_sites.get(node._sequence_nr())
             located = forward[1] if forward is not None else None
         if located is None:
-            located = self._sites.capture()
+            located = self._sites.capture(None)
         return self._sites.location(located[0]) if located is not None else None
 
     def _rng_state(
@@ -305,7 +306,8 @@ class OpRecorder(TorchDispatchMode):
         taken = info.plan.outputs(
             self._entries, op, out, written, index, self._in_flight, capturing
         )
-        self._capture(index, OUTPUT, taken)
+        if taken:
+            self._capture(index, OUTPUT, taken)
         phase, forward, located = self._locate(index, caller)
         value = encode(out) if out is not None and not op.output_count else None
         packed = op.finish(

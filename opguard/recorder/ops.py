@@ -9,7 +9,7 @@ import torch
 
 from .. import _C
 from .arguments import encode
-from .collectives import collective_writes
+from .collectives import collective_writes, is_collective
 
 # Ops whose outputs hold memory nobody has written yet: reading it would fingerprint garbage
 # and make identical runs look different.
@@ -49,6 +49,7 @@ class OpInfo:
     # caller leaves them out, so F.gelu(x) and F.gelu(x, approximate="none") record the same
     # call.
     defaults: tuple[tuple[str, Any, int], ...] = ()
+    is_collective: bool = False  # a c10d op: its output may still be in flight when it returns
     # How a call's arguments and results are walked into its record, natively
     # (csrc/op_plan.h).
     plan: _C.OpPlan = field(init=False, compare=False, repr=False)
@@ -83,6 +84,7 @@ def op_info(func: torch._ops.OpOverload, intern_name: object) -> OpInfo:
         is_random=torch.Tag.nondeterministic_seeded in func.tags,
         uninitialized_output=base in UNINITIALIZED_OUTPUT_OPS,
         uninitialized_slots=PARTLY_UNINITIALIZED_OUTPUTS.get(base, frozenset()),
+        is_collective=is_collective(func.namespace),
         defaults=tuple(
             (a.name, encode(a.default_value), position)
             for position, a in enumerate(args)
