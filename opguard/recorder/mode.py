@@ -111,7 +111,7 @@ class OpRecorder(TorchDispatchMode):
         """Whether torch wraps ``__torch_dispatch__`` in ``torch._disable_dynamo``, so that
         Dynamo, running while a compiled function runs, never compiles it or anything it calls.
         Marking its code object skipped by Dynamo, for itself and what it calls, does the same
-        inside the interpreter's frame hook; the wrapper cost a few Python calls per op (~4% of
+        inside the interpreter's frame hook; the wrapper cost a few Python calls per op (~3% of
         a recorded forward pass's host time). It stays where this torch cannot mark code."""
         dispatch = cls.__dict__.get("__torch_dispatch__")
         return dispatch is None or not skip_dynamo_recursively(dispatch.__code__)
