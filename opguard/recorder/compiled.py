@@ -42,6 +42,7 @@ import torch
 from ..store import schema
 from .callsite import generated_by_inductor
 from .ops import OpInfo
+from .tensors import PLAIN_TENSORS
 
 if TYPE_CHECKING:
     from .mode import OpRecorder
@@ -157,9 +158,7 @@ def attach(recorder: OpRecorder | None) -> None:
 def _run_region(mode: OpRecorder, func: Any, inputs: list[Any], *, name: str | None = None) -> Any:
     """One call of a compiled graph (``func``: an ``InductorCompiledCallable``) under the
     recorder: its kernels and fallback ops, then the region as a unit."""
-    plain = all(
-        type(t) in (torch.Tensor, torch.nn.Parameter) for t in inputs if isinstance(t, torch.Tensor)
-    )
+    plain = all(type(t) in PLAIN_TENSORS for t in inputs if isinstance(t, torch.Tensor))
     if not mode.active or not plain:
         with mode:
             return func(inputs)

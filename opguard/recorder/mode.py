@@ -28,7 +28,7 @@ from .capture import Capturer
 from .collectives import wait
 from .kernels import KernelActivity
 from .ops import OpInfo, op_info
-from .tensors import entry_recorder
+from .tensors import PLAIN_TENSORS, entry_recorder
 
 _BACKWARD = schema.PHASES.index("backward")
 _OPTIMIZER = schema.PHASES.index("optimizer")
@@ -42,7 +42,6 @@ RING_DRAIN = 0.5
 # Bookkeeping ops that compute nothing: record_function markers carry object addresses that
 # differ between runs of the same program.
 UNRECORDED_NAMESPACES = frozenset({"profiler"})
-PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 DATALESS_TENSORS = (FakeTensor, FunctionalTensor)
 
 

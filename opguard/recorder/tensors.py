@@ -11,6 +11,9 @@ from .._C import EntryRecorder, PendingFields
 from ..dtypes import lookup
 
 HEAD_ELEMENTS = 8
+# The tensor classes whose memory the recorder reads; subclasses (DTensor, fake, functional
+# tensors) may hold no storage of their own.
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 _DTYPE_INFO: dict[torch.dtype, tuple[str, int, int]] = {}
 
@@ -53,7 +56,7 @@ def _gpu() -> Any:
 
 
 _PROBE = _C.TensorProbe(
-    (torch.Tensor, torch.nn.Parameter),
+    PLAIN_TENSORS,
     torch.strided,
     _dtype_info,
     getattr(torch._C, "_cuda_getCurrentRawStream", None),  # absent from CPU-only builds
