@@ -1,5 +1,6 @@
 #include "content.h"
 
+#include <array>
 #include <cstring>
 #include <string>
 
@@ -25,20 +26,31 @@ uint64_t view_hash(uint64_t base_hash, const std::vector<int64_t>& geometry) {
 }  // namespace
 
 ContentPtr Content::flag(int flag) {
-  ContentPtr c(new Content(State::Flag));
+  // A flag's content never changes: each is made once and shared (never destroyed, as it may
+  // be held past the interpreter's exit). Flags are the entry bits, below 16.
+  static const auto* const shared = [] {
+    auto* made = new std::array<ContentPtr, 16>();
+    for (int f = 0; f < 16; ++f) {
+      (*made)[f] = make(State::Flag);
+      (*made)[f]->flags_ = f;
+    }
+    return made;
+  }();
+  if (flag >= 0 && flag < 16) return (*shared)[flag];
+  ContentPtr c = make(State::Flag);
   c->flags_ = flag;
   return c;
 }
 
 ContentPtr Content::fingerprint(Fingerprint fp, Kind kind) {
-  ContentPtr c(new Content(State::Fingerprint));
+  ContentPtr c = make(State::Fingerprint);
   c->fp_ = std::move(fp);
   c->kind_ = kind;
   return c;
 }
 
 ContentPtr Content::view_of(const ContentPtr& base, std::vector<int64_t> geometry, int64_t nbytes) {
-  ContentPtr c(new Content(State::View));
+  ContentPtr c = make(State::View);
   c->flags_ = kFlagView;
   c->fp_.nbytes = static_cast<uint64_t>(nbytes);
   if (base->pending()) {
@@ -53,7 +65,7 @@ ContentPtr Content::view_of(const ContentPtr& base, std::vector<int64_t> geometr
 
 #if OPGUARD_WITH_CUDA
 ContentPtr Content::gpu(cuda::GpuFingerprinter* fingerprinter) {
-  ContentPtr c(new Content(State::Fingerprint));
+  ContentPtr c = make(State::Fingerprint);
   c->fingerprinter_ = fingerprinter;
   c->resolved_.store(false, std::memory_order_relaxed);
   return c;

@@ -64,8 +64,17 @@ class Content {
 
  private:
   enum class State { Flag, Fingerprint, View };
-  explicit Content(State state) : state_(state) {}
+  // One allocation for the content and its count (make_shared), which needs a public
+  // constructor: the tag keeps it to this class.
+  struct Make {
+    explicit Make() = default;
+  };
+  static ContentPtr make(State state) { return std::make_shared<Content>(Make{}, state); }
 
+ public:
+  Content(Make, State state) : state_(state) {}
+
+ private:
   State state_;
   std::atomic<bool> resolved_{true};
   int flags_ = 0;

@@ -60,7 +60,9 @@ std::vector<Result> returned_tensors(const TensorProbe& probe, py::handle result
 // One call's walk of its arguments: the op being built and the lists it returns.
 struct OpPlan::InputWalk {
   InputWalk(const OpPlan& plan, EntryRecorder& entries, bool verify, bool capturing)
-      : plan(plan), entries(entries), verify(verify), capturing(capturing) {}
+      : plan(plan), entries(entries), verify(verify), capturing(capturing) {
+    op->keeps_base = plan.is_view_;
+  }
 
   const OpPlan& plan;
   EntryRecorder& entries;
@@ -161,9 +163,6 @@ py::tuple OpPlan::inputs(EntryRecorder& entries, const py::tuple& args, const py
     }
   }
   entries.flush();  // the inputs' GPU fingerprints run before the op can change them
-  // Only a view's outputs need their base. Holding it while the op runs would keep a compiled
-  // region's first input alive after Inductor frees it (it clears the argument list as it goes).
-  if (!is_view_) walk.op->drop_base();
   py::object written = walk.written.empty() ? py::none() : py::object(walk.written);
   py::object taken = capturing ? py::object(walk.taken) : py::none();
   return py::make_tuple(py::cast(walk.op), written, walk.arguments, taken);

@@ -89,6 +89,7 @@ void Entry::pack(MsgpackOut& out) const {
 void OpRecord::drop_base() {
   base = py::none();
   base_content.reset();
+  base_facts = TensorFacts{};
 }
 
 bool OpRecord::pending() const {

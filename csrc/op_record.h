@@ -39,9 +39,14 @@ struct Entry {
 class OpRecord {
  public:
   std::vector<Entry> inputs, outputs;
-  // The op's first tensor input and its content: the base of a view op's outputs.
+  // Set for a view op: its first tensor input, that input's content and what the input walk
+  // read of it are kept as the base of its outputs (read once, not again for each view). Only
+  // view ops keep it: holding it while the op runs would keep a compiled region's first input
+  // alive after Inductor frees it (it clears the argument list as it goes).
+  bool keeps_base = false;
   pybind11::object base;
   ContentPtr base_content;
+  TensorFacts base_facts;
 
   // Forgets the first input: only a view op's outputs need it.
   void drop_base();

@@ -146,14 +146,14 @@ ContentPtr EntryRecorder::read(py::handle tensor, const TensorFacts& facts) {
   return probe_.fingerprint(tensor, facts, head_elements_);
 }
 
-Entry EntryRecorder::entry(const TensorFacts& facts, py::handle tensor, std::string slot) {
+Entry EntryRecorder::entry(TensorFacts facts, py::handle tensor, std::string slot) {
   Entry e;
   e.slot = std::move(slot);
   e.dtype = facts.dtype;
-  e.sizes = facts.sizes;
   e.device = probe_.device_name(tensor, facts);
   e.strided = facts.strided;
-  if (facts.strided) e.strides = facts.strides;
+  e.sizes = std::move(facts.sizes);
+  if (facts.strided) e.strides = std::move(facts.strides);
   return e;
 }
 
@@ -189,8 +189,7 @@ ContentPtr EntryRecorder::view_content(py::handle view, const TensorFacts& facts
 }
 
 int EntryRecorder::input(OpRecord& op, std::string slot, py::handle tensor, bool verify) {
-  const TensorFacts facts = probe_.read(tensor);
-  Entry e = entry(facts, tensor, std::move(slot));
+  TensorFacts facts = probe_.read(tensor);
   auto [known, exact] = find(tensor, facts);
   ContentPtr content;
   if (known && exact) {
@@ -211,11 +210,13 @@ int EntryRecorder::input(OpRecord& op, std::string slot, py::handle tensor, bool
     remember(tensor, facts, known ? known->index : -1, known ? known->slot : 0, content, false,
              known == nullptr);
   }
-  if (known && known->index >= 0) e.producer = known->index, e.producer_slot = known->slot;
-  if (op.inputs.empty()) {
+  if (op.keeps_base && op.inputs.empty()) {  // with the address and lazy bits asked above
     op.base = py::reinterpret_borrow<py::object>(tensor);
     op.base_content = content;
+    op.base_facts = facts;
   }
+  Entry e = entry(std::move(facts), tensor, std::move(slot));
+  if (known && known->index >= 0) e.producer = known->index, e.producer_slot = known->slot;
   e.content = std::move(content);
   const int flags = e.all_flags();
   op.inputs.push_back(std::move(e));
@@ -224,8 +225,7 @@ int EntryRecorder::input(OpRecord& op, std::string slot, py::handle tensor, bool
 
 int EntryRecorder::output(OpRecord& op, std::string slot, py::handle tensor, int64_t index,
                           OutputKind how, bool written) {
-  const TensorFacts facts = probe_.read(tensor);
-  Entry e = entry(facts, tensor, std::move(slot));
+  TensorFacts facts = probe_.read(tensor);
   ContentPtr content;
   const bool view = how == OutputKind::View || how == OutputKind::ViewOfUninitialized;
   if (how == OutputKind::Uninitialized || how == OutputKind::ViewOfUninitialized) {
@@ -233,17 +233,18 @@ int EntryRecorder::output(OpRecord& op, std::string slot, py::handle tensor, int
   } else if (how == OutputKind::Read) {
     content = read(tensor, facts);
   } else if (how == OutputKind::View && op.base && !op.base.is_none()) {
-    const TensorFacts base_facts = probe_.read(op.base);
+    const TensorFacts& base = op.base_facts;
     uintptr_t base_address = 0;
-    const bool derivable = probe_.views_derive_from(op.base, base_facts) &&
-                           probe_.address(op.base, base_facts, &base_address);
-    content = view_content(tensor, facts, base_address, derivable ? base_facts.nbytes() : -1,
-                           op.base_content);
+    const bool derivable =
+        probe_.views_derive_from(op.base, base) && probe_.address(op.base, base, &base_address);
+    content =
+        view_content(tensor, facts, base_address, derivable ? base.nbytes() : -1, op.base_content);
   }
-  if (view) e.flags |= kFlagView;
-  if (written) e.flags |= kFlagWritten;
   const auto out_slot = static_cast<int64_t>(op.outputs.size());
   remember(tensor, facts, index, out_slot, content, written, !view);
+  Entry e = entry(std::move(facts), tensor, std::move(slot));
+  if (view) e.flags |= kFlagView;
+  if (written) e.flags |= kFlagWritten;
   e.content = std::move(content);
   const int flags = e.all_flags();
   op.outputs.push_back(std::move(e));

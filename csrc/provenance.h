@@ -91,7 +91,8 @@ class EntryRecorder {
   KnownPtr remember(pybind11::handle tensor, const TensorFacts& facts, int64_t index, int64_t slot,
                     ContentPtr content, bool written, bool owns_storage);
   ContentPtr read(pybind11::handle tensor, const TensorFacts& facts);
-  Entry entry(const TensorFacts& facts, pybind11::handle tensor, std::string slot);
+  // The entry of a tensor whose facts are no longer needed (its sizes and strides move in).
+  Entry entry(TensorFacts facts, pybind11::handle tensor, std::string slot);
   // A view's content derived from its base's; null when it cannot be (see view_content in
   // the .cpp).
   ContentPtr view_content(pybind11::handle view, const TensorFacts& facts, uintptr_t base_address,

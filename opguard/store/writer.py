@@ -39,6 +39,15 @@ Deferred = Any
 _packers = threading.local()
 
 
+# (database, key, value) queued for the writer thread. Ops are queued by their index, whose key
+# (schema.op_key) that thread makes: one Python call less per op on the training thread.
+QueuedItem = tuple[str, bytes | int, Any]
+
+
+def _key(key: bytes | int) -> bytes:
+    return key if isinstance(key, bytes) else schema.op_key(key)
+
+
 def packb(value: Any) -> bytes:
     packer = getattr(_packers, "packer", None)
     if packer is None:
@@ -92,7 +101,7 @@ class TraceWriter:
         self.intern_stack = Interner(lambda i, v: self._put_later("stacks", schema.id_key(i), v))
         # Appended by the recording threads, taken by the writer: deque appends and pops are
         # atomic, so neither side takes a lock (one per op, on the training thread, before).
-        self._pending: collections.deque[tuple[str, bytes, Any]] = collections.deque()
+        self._pending: collections.deque[QueuedItem] = collections.deque()
         self._wake = threading.Event()
         self._closing = False
         self._batch_size = batch_size
@@ -113,7 +122,7 @@ class TraceWriter:
     def _put_later(self, db: str, key: bytes, value: Any) -> None:
         self._pending.append((db, key, value))
 
-    def _take_pending(self) -> list[tuple[str, bytes, Any]]:
+    def _take_pending(self) -> list[QueuedItem]:
         """Everything queued so far, in order; what is queued meanwhile stays for the next."""
         pending = self._pending
         return [pending.popleft() for _ in range(len(pending))]
@@ -127,7 +136,7 @@ class TraceWriter:
         deferred = not isinstance(record, (bytes, dict))
         value = packb(record) if isinstance(record, dict) else record
         pending = self._pending
-        pending.append(("ops", schema.op_key(index), value))
+        pending.append(("ops", index, value))  # its key is made on the writer thread
         count = len(pending)
         # GPU records hold fingerprint ring space until packed: drain every GPU_BATCH of them.
         if count >= self._batch_size or (deferred and count % GPU_BATCH == 0):
@@ -156,7 +165,7 @@ class TraceWriter:
             if closing:
                 return
 
-    def _commit(self, batch: list[tuple[str, bytes, Any]]) -> None:
+    def _commit(self, batch: list[QueuedItem]) -> None:
         started = time.perf_counter()
         deferred = [
             k for k, (db, _, value) in enumerate(batch) if db == "ops" and type(value) is not bytes
@@ -169,12 +178,12 @@ class TraceWriter:
                 batch[k] = ("ops", batch[k][1], value)
         by_db: dict[str, list[tuple[bytes, bytes]]] = {}
         for db, key, value in batch:
-            if db == "ops":  # packed by append() or above
-                by_db.setdefault(db, []).append((key, value))
+            if db == "ops":  # keyed by op index, packed by append() or above
+                by_db.setdefault(db, []).append((_key(key), value))
                 continue
             if callable(value):
                 value = value()
-            by_db.setdefault(db, []).append((key, packb(value)))
+            by_db.setdefault(db, []).append((_key(key), packb(value)))
         while True:
             try:
                 with self._env.begin(write=True) as txn:
@@ -195,7 +204,7 @@ class TraceWriter:
         self.bytes_written += sum(len(v) for items in by_db.values() for _, v in items)
         self.busy_seconds += time.perf_counter() - started
 
-    def _kernel_items(self, final: bool) -> list[tuple[str, bytes, Any]]:
+    def _kernel_items(self, final: bool) -> list[QueuedItem]:
         if self.poll_kernels is None:
             return []
         try:
@@ -248,7 +257,7 @@ class TraceWriter:
         self._env.close()
         return self.error
 
-    def _salvage(self, info: list[tuple[str, bytes, Any]], end: tuple[str, bytes, Any]) -> None:
+    def _salvage(self, info: list[QueuedItem], end: QueuedItem) -> None:
         """After a failed write, tries to record why and where the trace ends: a small
         transaction may still fit in pages LMDB freed earlier. What was committed before
         stays readable either way."""
