@@ -1,0 +1,169 @@
+"""Where a recorded forward pass's host time goes on this machine, part by part.
+
+The GPT-2 124M step of ``bench/overhead.py`` at a small batch (1 x 128 by default), so that the
+host, not the GPU, bounds every op: the forward pass's host time (until the model returns) is
+then the host cost of its ops. It is timed plain, under a pass-through dispatch mode, under
+``opguard.record``, and under ``opguard.record`` with one part of the recorder switched off at a
+time, alternating in rounds; medians over the steps of each. A part's cost is the recorded time
+less the time without it, per op. A part switched off leaves the trace incomplete:
+this is a measurement, not a way to record.
+
+Parts: ``kernels`` (CUPTI's kernel collection, ``OPGUARD_KERNELS=0``), ``call sites`` (phase,
+forward op and the call-site walk: ``OpRecorder._locate``), ``inputs`` (the native walk of an
+op's tensor inputs: entries, provenance, the reads of inputs no recorded op wrote), ``walks``
+(that and the walk of its outputs, with their fingerprint launches: without the output walk
+alone every input would be read anew). The record itself cannot be left out: the trace writer
+collects the GPU results its fingerprints hold, and without it their ring fills.
+
+    python bench/host_parts.py [--rounds 3] [--steps 6] [--batch 1] [--seq 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from overhead import Passthrough, build
+
+import opguard
+from opguard import _C
+from opguard.recorder import mode
+
+
+@contextlib.contextmanager
+def replaced(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[None]:
+    """``owner.name`` replaced by ``make(original)`` while the block runs."""
+    original = getattr(owner, name)
+    setattr(owner, name, make(original))
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+@contextlib.contextmanager
+def environment(name: str, value: str) -> Iterator[None]:
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
+def no_inputs(inputs: Any) -> Any:
+    """The input walk of an op with no arguments: the record is still made."""
+    return lambda plan, entries, args, kwargs, verify, capturing: inputs(
+        plan, entries, (), {}, verify, capturing
+    )
+
+
+@contextlib.contextmanager
+def walks_off() -> Iterator[None]:
+    """No input or output walk (without outputs alone, every input would be read anew)."""
+    with (
+        replaced(_C.OpPlan, "inputs", no_inputs),
+        replaced(_C.OpPlan, "outputs", lambda _: lambda *args, **kwargs: None),
+    ):
+        yield
+
+
+# The recorder with one part switched off: (name, context that switches it off)
+WITHOUT: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
+    "kernels": lambda: environment("OPGUARD_KERNELS", "0"),
+    "call sites": lambda: replaced(
+        mode.OpRecorder, "_locate", lambda _: lambda self, index, caller: (0, None, None)
+    ),
+    "inputs": lambda: replaced(_C.OpPlan, "inputs", no_inputs),
+    "walks": lambda: walks_off(),
+}
+
+
+class CountingPassthrough(Passthrough):
+    """Counts the ops dispatched until ``stop()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self.counting = True
+
+    def stop(self) -> None:
+        self.counting = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += self.counting
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=6, help="timed steps per mode per round")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seq", type=int, default=128)
+    args = parser.parse_args()
+
+    step, _ = build(args.batch, args.seq)
+    forward_ms: list[float] = []
+
+    def timed_steps(count: int, recorded: bool = False) -> None:
+        for _ in range(count):
+            started = time.perf_counter()
+
+            def mark(phase: str, started: float = started) -> None:
+                if phase == "forward":
+                    forward_ms.append((time.perf_counter() - started) * 1e3)
+
+            step(mark)
+            torch.cuda.synchronize()
+            if recorded:
+                opguard.step()
+
+    counter = CountingPassthrough()
+    with counter:
+        step(lambda phase: counter.stop() if phase == "forward" else None)
+    ops = counter.count
+
+    results: dict[str, list[float]] = {}
+    modes = ["plain", "pass-through", "recorded", *(f"without {part}" for part in WITHOUT)]
+    with tempfile.TemporaryDirectory() as scratch:
+        timed_steps(3)  # warm-up: CUDA context, kernels, allocator
+        for round_ in range(args.rounds):
+            for name in modes:
+                forward_ms.clear()
+                if name in ("plain", "pass-through"):
+                    with contextlib.nullcontext() if name == "plain" else Passthrough():
+                        timed_steps(2 + args.steps)
+                else:
+                    part = name.removeprefix("without ")
+                    off = WITHOUT[part]() if part in WITHOUT else contextlib.nullcontext()
+                    with off, opguard.record(f"{scratch}/{name}-{round_}"):
+                        timed_steps(2 + args.steps, recorded=True)
+                results.setdefault(name, []).extend(forward_ms[2:])
+
+    base = statistics.median(results["pass-through"])
+    recorded = statistics.median(results["recorded"])
+    print(
+        f"GPT-2 124M forward pass, batch {args.batch} x {args.seq}, {ops} ops: host time "
+        f"(median of {args.rounds * args.steps} steps each)"
+    )
+    print(f"{'mode':24s} {'host':>9s} {'per op over pass-through':>26s} {'part':>12s}")
+    for name in modes:
+        median = statistics.median(results[name])
+        over = (median - base) / ops * 1e3
+        part = f"{(recorded - median) / ops * 1e3:8.1f} us" if name.startswith("without") else ""
+        print(f"{name:24s} {median:6.1f} ms {over:20.1f} us {part:>12s}")
+
+
+if __name__ == "__main__":
+    main()
