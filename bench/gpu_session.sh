@@ -2,7 +2,8 @@
 # Everything GPU in one device session: build the extension for Hopper, run the cuda tests,
 # then the GPU benchmarks, writing each output under $OUT (default ./gpu-out).
 #
-#   bash bench/gpu_session.sh [tests] [bench] [kernels] [ddp] [compile]   (default: all)
+#   bash bench/gpu_session.sh [tests] [bench] [kernels] [ddp] [compile] [parts]
+#                                        (default: all but parts)
 #   bash bench/gpu_session.sh build                                         (only build)
 #
 # On a machine without lmdb, put its wheel in .whl/ first (see docs/PERFORMANCE.md).
@@ -44,6 +45,9 @@ for part in $parts; do
       python3 -m torch.distributed.run --standalone --nproc-per-node 2 "$ROOT/bench/overhead.py" --rounds 2 --steps 5 \
         --no-debugmode --json "$OUT/overhead_ddp.json" > "$OUT/overhead_ddp.txt" 2>&1
       grep -v Warning "$OUT/overhead_ddp.txt" | grep -B2 -A12 "Error\|GPT-2" | head -60 ;;
+    parts)  # what each part of the recorder costs per op on this host (host-bound batch)
+      python3 "$ROOT/bench/host_parts.py" --rounds 3 --steps 6 2>&1 | grep -v Warning \
+        | tee "$OUT/host_parts.txt" ;;
     build) ;;  # the build above is all
     compile)
       python3 "$ROOT/bench/overhead.py" --compile --rounds 2 --steps 5 --no-debugmode \
