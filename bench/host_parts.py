@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import tempfile
 import time
@@ -30,7 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from overhead import Passthrough, build
+from overhead import Passthrough, build, kernels_off
 
 import opguard
 from opguard import _C
@@ -46,19 +45,6 @@ def replaced(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[None
         yield
     finally:
         setattr(owner, name, original)
-
-
-@contextlib.contextmanager
-def environment(name: str, value: str) -> Iterator[None]:
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = old
 
 
 def no_inputs(inputs: Any) -> Any:
@@ -80,7 +66,7 @@ def walks_off() -> Iterator[None]:
 
 # The recorder with one part switched off: (name, context that switches it off)
 WITHOUT: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
-    "kernels": lambda: environment("OPGUARD_KERNELS", "0"),
+    "kernels": kernels_off,
     "call sites": lambda: replaced(
         mode.OpRecorder, "_locate", lambda _: lambda self, index, caller: (0, None, None)
     ),

@@ -36,8 +36,8 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,20 @@ def build(
         return 0.0
 
     return step, model
+
+
+@contextmanager
+def kernels_off() -> Iterator[None]:
+    """Recording sessions started inside collect no GPU kernels (``OPGUARD_KERNELS=0``)."""
+    old = os.environ.get("OPGUARD_KERNELS")
+    os.environ["OPGUARD_KERNELS"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["OPGUARD_KERNELS"]
+        else:
+            os.environ["OPGUARD_KERNELS"] = old
 
 
 class Passthrough(TorchDispatchMode):
@@ -162,18 +176,10 @@ def main() -> None:
 
         return Both()
 
-    def recording_without_kernels() -> AbstractContextManager:
-        class WithoutKernels:
-            def __enter__(self) -> None:
-                os.environ["OPGUARD_KERNELS"] = "0"
-                self.session = recording()
-                self.session.__enter__()
-
-            def __exit__(self, *exc: object) -> None:
-                self.session.__exit__(*exc)
-                del os.environ["OPGUARD_KERNELS"]
-
-        return WithoutKernels()
+    @contextmanager
+    def recording_without_kernels() -> Iterator[None]:
+        with kernels_off(), recording():
+            yield
 
     modes: dict[str, Callable[[], AbstractContextManager]] = {
         "plain": nullcontext,
