@@ -1,19 +1,16 @@
-"""Where a recorded forward pass's host time goes on this machine, part by part.
+"""Where a recorded forward pass's host time goes on this machine.
 
 The GPT-2 124M step of ``bench/overhead.py`` at a small batch (1 x 128 by default), so that the
 host, not the GPU, bounds every op: the forward pass's host time (until the model returns) is
 then the host cost of its ops. It is timed plain, under a pass-through dispatch mode, under
-``opguard.record``, and under ``opguard.record`` with one part of the recorder switched off at a
-time, alternating in rounds; medians over the steps of each. A part's cost is the recorded time
-less the time without it, per op. A part switched off leaves the trace incomplete:
-this is a measurement, not a way to record.
+``opguard.record``, and under ``opguard.record`` without CUPTI's kernel collection
+(``OPGUARD_KERNELS=0``), alternating in rounds; medians over the steps of each. The recorder's
+cost per op is the recorded time less the pass-through's, per op; a part's is the recorded time
+less the time without it.
 
-Parts: ``kernels`` (CUPTI's kernel collection, ``OPGUARD_KERNELS=0``), ``call sites`` (phase,
-forward op and the call-site walk: ``OpRecorder._locate``), ``inputs`` (the native walk of an
-op's tensor inputs: entries, provenance, the reads of inputs no recorded op wrote), ``walks``
-(that and the walk of its outputs, with their fingerprint launches: without the output walk
-alone every input would be read anew). The record itself cannot be left out: the trace writer
-collects the GPU results its fingerprints hold, and without it their ring fills.
+The rest of a recorded op (its walks, call site and record) is one native call
+(``csrc/call_recorder.h``), which cannot be taken apart from Python; docs/PERFORMANCE.md says
+how its sections were timed.
 
     python bench/host_parts.py [--rounds 3] [--steps 6] [--batch 1] [--seq 128]
 """
@@ -25,54 +22,15 @@ import contextlib
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import torch
 from overhead import Passthrough, build, kernels_off
 
 import opguard
-from opguard import _C
-from opguard.recorder import mode
-
-
-@contextlib.contextmanager
-def replaced(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[None]:
-    """``owner.name`` replaced by ``make(original)`` while the block runs."""
-    original = getattr(owner, name)
-    setattr(owner, name, make(original))
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
-
-
-def no_inputs(inputs: Any) -> Any:
-    """The input walk of an op with no arguments: the record is still made."""
-    return lambda plan, entries, args, kwargs, verify, capturing: inputs(
-        plan, entries, (), {}, verify, capturing
-    )
-
-
-@contextlib.contextmanager
-def walks_off() -> Iterator[None]:
-    """No input or output walk (without outputs alone, every input would be read anew)."""
-    with (
-        replaced(_C.OpPlan, "inputs", no_inputs),
-        replaced(_C.OpPlan, "outputs", lambda _: lambda *args, **kwargs: None),
-    ):
-        yield
-
 
 # The recorder with one part switched off: (name, context that switches it off)
-WITHOUT: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
-    "kernels": kernels_off,
-    "call sites": lambda: replaced(
-        mode.OpRecorder, "_locate", lambda _: lambda self, index, caller: (0, None, None)
-    ),
-    "inputs": lambda: replaced(_C.OpPlan, "inputs", no_inputs),
-    "walks": lambda: walks_off(),
-}
+WITHOUT: dict[str, Callable[[], contextlib.AbstractContextManager]] = {"kernels": kernels_off}
 
 
 class CountingPassthrough(Passthrough):

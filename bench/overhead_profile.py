@@ -4,10 +4,10 @@
 1. CPU time per step of each thread of the process (the training thread, autograd's device
    thread, OpGuard's trace writer), from /proc: a step whose threads are busy for its whole
    length is host-bound;
-2. wall time per step inside each part of the recorder (the dispatch handler, the work before
-   and after each op, the native walks of its inputs and outputs, the packing of its record,
-   call sites), measured by wrapping those functions with a timer; parts nest, so shares
-   overlap;
+2. wall time per step inside each part of the recorder reached from Python (the dispatch
+   handler, the native per-op path, and the Python path's work before and after an op, for
+   random ops, collectives and captures), measured by wrapping those functions with a timer;
+   parts nest, so shares overlap;
 3. with ``--gpu``, the GPU time of the recorded steps by kernel, from torch.profiler (OpGuard's
    own kernel collection off, since CUPTI takes one subscriber): the fingerprint kernels' share
    of the device;
@@ -43,13 +43,11 @@ from opguard.recorder import mode
 # (owner, function name) of the recorder parts timed (the default mode)
 PARTS: list[tuple[Any, str]] = [
     (mode.OpRecorder, "__torch_dispatch__"),
-    (mode.OpRecorder, "_before"),
+    (_C.CallRecorder, "call"),  # the native per-op path: walks, op, call site, record
+    (mode.OpRecorder, "_before"),  # the Python path: random ops, collectives, captures
     (mode.OpRecorder, "_after"),
     (_C.OpPlan, "inputs"),
-    (_C.OpPlan, "outputs"),
-    (_C.OpRecord, "finish"),
-    (mode.OpRecorder, "_locate"),
-    (_C.StackWalker, "capture"),
+    (_C.CallRecorder, "finish"),
 ]
 
 

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "call_recorder.h"
 #include "callstack.h"
 #include "content.h"
 #include "fingerprint_cpu.h"
@@ -154,6 +155,7 @@ PYBIND11_MODULE(_C, m) {
   opguard::bind_op_record(m);
   opguard::bind_provenance(m);
   opguard::bind_op_plan(m);
+  opguard::bind_call_recorder(m);
 #if OPGUARD_WITH_CUDA
   bind_cuda(m);
 #endif

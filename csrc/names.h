@@ -13,6 +13,8 @@ struct Names {
   pybind11::str stride{"stride"}, data_ptr{"data_ptr"}, get_device{"get_device"},
       is_conj{"is_conj"}, is_neg{"is_neg"}, resolve_conj{"resolve_conj"},
       resolve_neg{"resolve_neg"}, untyped_storage{"untyped_storage"};
+  // the autograd node's sequence number; the step state's fields
+  pybind11::str sequence_nr{"_sequence_nr"}, step{"step"}, in_optimizer{"in_optimizer"};
 };
 
 // One instance per process, made on first use (with the GIL held) and never destroyed: it

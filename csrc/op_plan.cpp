@@ -143,8 +143,8 @@ py::object OpPlan::encode(py::handle value) const {
   return encode_(value);
 }
 
-py::tuple OpPlan::inputs(EntryRecorder& entries, const py::tuple& args, const py::dict& kwargs,
-                         bool verify, bool capturing) const {
+WalkedInputs OpPlan::walk_inputs(EntryRecorder& entries, const py::tuple& args,
+                                 const py::dict& kwargs, bool verify, bool capturing) const {
   entries.settle();
   InputWalk walk(*this, entries, verify, capturing);
   const size_t given = args.size();
@@ -165,7 +165,14 @@ py::tuple OpPlan::inputs(EntryRecorder& entries, const py::tuple& args, const py
   entries.flush();  // the inputs' GPU fingerprints run before the op can change them
   py::object written = walk.written.empty() ? py::none() : py::object(walk.written);
   py::object taken = capturing ? py::object(walk.taken) : py::none();
-  return py::make_tuple(py::cast(walk.op), written, walk.arguments, taken);
+  return WalkedInputs{std::move(walk.op), std::move(written), std::move(walk.arguments),
+                      std::move(taken)};
+}
+
+py::tuple OpPlan::inputs(EntryRecorder& entries, const py::tuple& args, const py::dict& kwargs,
+                         bool verify, bool capturing) const {
+  WalkedInputs walked = walk_inputs(entries, args, kwargs, verify, capturing);
+  return py::make_tuple(py::cast(walked.op), walked.written, walked.arguments, walked.taken);
 }
 
 OutputKind OpPlan::output_kind(const OpRecord& op, const std::string& slot, bool in_flight) const {

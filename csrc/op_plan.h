@@ -7,6 +7,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -27,6 +28,14 @@ struct Result {
 // tensor subclass wrapping another (_c10d_functional::_wrap_tensor_autograd) is left out: it
 // may hold no storage, and its content is recorded where it is unwrapped.
 std::vector<Result> returned_tensors(const TensorProbe& probe, pybind11::handle result);
+
+// One call's inputs as the input walk left them (OpPlan::walk_inputs).
+struct WalkedInputs {
+  std::shared_ptr<OpRecord> op;  // the record, holding the input entries
+  pybind11::object written;      // (slot, tensor) of the written tensor arguments, or None
+  pybind11::list arguments;      // (name, value) of the non-tensor arguments
+  pybind11::object taken;        // when capturing, (position, slot, tensor) to capture; else None
+};
 
 // What the walks need of an op's schema, built once per op overload (OpInfo.plan).
 class OpPlan {
@@ -50,6 +59,9 @@ class OpPlan {
   // (input position, slot, tensor) of each input whose memory was written (None otherwise).
   pybind11::tuple inputs(EntryRecorder& entries, const pybind11::tuple& args,
                          const pybind11::dict& kwargs, bool verify, bool capturing) const;
+  // The same walk, for native callers (CallRecorder).
+  WalkedInputs walk_inputs(EntryRecorder& entries, const pybind11::tuple& args,
+                           const pybind11::dict& kwargs, bool verify, bool capturing) const;
 
   // Adds the outputs of op `index` to `op`, launching their GPU fingerprints: the plain tensors
   // `result` holds (nested lists included), then the `written` arguments it did not return.
@@ -58,6 +70,10 @@ class OpPlan {
   pybind11::object outputs(EntryRecorder& entries, OpRecord& op, pybind11::handle result,
                            const pybind11::object& written, int64_t index, bool in_flight,
                            bool capturing) const;
+
+  // A non-tensor value as the trace stores it (None, numbers, strings and lists here, the
+  // rest by the Python encoder).
+  pybind11::object encode(pybind11::handle value) const;
 
  private:
   enum Role : int { kWritten = 1, kWriteOnly = 2 };
@@ -69,7 +85,6 @@ class OpPlan {
   struct InputWalk;
 
   int role(const std::string& name) const;
-  pybind11::object encode(pybind11::handle value) const;
   OutputKind output_kind(const OpRecord& op, const std::string& slot, bool in_flight) const;
 
   std::vector<pybind11::str> names_;

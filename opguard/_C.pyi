@@ -129,6 +129,49 @@ class StackWalker:
     ) -> None: ...
     def capture(self, start: FrameType | None = None) -> tuple[int, int] | None: ...
 
+class CallRecorder:
+    """The dispatch mode's per-op path in one native call (csrc/call_recorder.h)."""
+
+    next_index: int
+    region_phase: int  # -1: from the grad mode
+    verify: bool
+    kernels: bool
+    def __init__(
+        self,
+        entries: EntryRecorder,
+        walker: StackWalker,
+        writer: Any,
+        steps: Any,
+        autograd: tuple[Callable[[], Any], Callable[[], bool], Callable[[], int]],
+        phases: tuple[int, int, int, int],
+        ring_drain: float,
+        fail: Callable[[], Callable[[BaseException], None] | None],
+    ) -> None: ...
+    def call(
+        self,
+        plan: OpPlan,
+        name_id: int,
+        func: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        caller: FrameType | None,
+    ) -> Any: ...
+    def finish(
+        self,
+        plan: OpPlan,
+        op: OpRecord,
+        out: Any,
+        written: list[tuple[str, Any]] | None,
+        name_id: int,
+        arguments: list[Any],
+        rng: int | None,
+        in_flight: bool,
+        capturing: bool,
+        caller: FrameType | None,
+    ) -> list[tuple[int, str, Any]] | None: ...
+    def forward_site(self, sequence_nr: int) -> tuple[int, int] | None: ...
+    def forget_step(self) -> None: ...
+
 def cupti_start(library: str) -> str: ...
 def cupti_push(op: int) -> None: ...
 def cupti_pop() -> None: ...

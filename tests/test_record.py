@@ -36,11 +36,13 @@ from conftest import opguard_cmd, run_cli
 
 import opguard
 import opguard.recorder.mode as recorder_mode
+import opguard.recorder.ops as recorder_ops
 from opguard import _C
 from opguard.recorder.tensors import entry_recorder, fingerprint_fields
 from opguard.store import OpRecord, RankTrace, Run, TraceError
 from opguard.store import schema as store_schema
 from opguard.store.meta import write_meta
+from opguard.store.writer import TraceWriter
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TINY = SCRIPTS / "record_tiny_transformer.py"
@@ -442,38 +444,48 @@ def test_nested_recording_is_refused(tmp_path: Path) -> None:
 # -- recorder failures never stop the training -----------------------------------------------
 
 
-def _fail_on_call(monkeypatch: pytest.MonkeyPatch, native: type, method: str, nth: int) -> None:
-    """Makes the ``nth`` call of a native recorder method raise, as a bug or a tensor it cannot
-    read would."""
-    real = getattr(native, method)
+def _fail_on_call(
+    monkeypatch: pytest.MonkeyPatch, owner: object, name: str, counted: Callable[..., bool]
+) -> None:
+    """Makes the third call of a function the native recorder calls back, among those
+    ``counted`` picks by their arguments, raise, as a bug or a value it cannot read would."""
+    real = getattr(owner, name)
     calls = []
 
-    def failing(self: Any, *args: Any) -> Any:
-        calls.append(method)
-        if len(calls) == nth:
-            raise RuntimeError("injected fingerprint failure")
-        return real(self, *args)
+    def failing(*args: Any) -> Any:
+        if counted(*args):
+            calls.append(name)
+            if len(calls) == 3:
+                raise RuntimeError("injected fingerprint failure")
+        return real(*args)
 
-    monkeypatch.setattr(native, method, failing)
+    monkeypatch.setattr(owner, name, failing)
 
 
 @pytest.mark.parametrize(
-    ("native", "method"),
+    ("owner", "name", "counted"),
     [
-        (_C.OpPlan, "inputs"),  # fails before the op runs, reading its inputs
-        (_C.OpPlan, "outputs"),  # fails after it, while the record is built
+        # fails before the op runs: encoding a dtype, device or memory format argument, which
+        # only the walk of an op's arguments does
+        (
+            recorder_ops,
+            "encode",
+            lambda value: isinstance(value, (torch.dtype, torch.device, torch.memory_format)),
+        ),
+        (TraceWriter, "append", lambda *args: True),  # after it, queueing its record
     ],
 )
 def test_recorder_failure_does_not_stop_training(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    native: type,
-    method: str,
+    owner: object,
+    name: str,
+    counted: Callable[..., bool],
 ) -> None:
     tiny_module = load_tiny()
     plain = tiny_module.train(steps=3, dropout=0.1, report=quiet)
-    _fail_on_call(monkeypatch, native, method, nth=3)
+    _fail_on_call(monkeypatch, owner, name, counted)
     with opguard.record(tmp_path / "run") as session:
         recorded = tiny_module.train(steps=3, dropout=0.1, report=quiet)
     monkeypatch.undo()
@@ -562,7 +574,6 @@ def test_deferred_records_are_stored_in_order_among_packed_ones(tmp_path: Path) 
 
 def test_native_entry_flags_are_the_schemas() -> None:
     """The native entry builder writes the flags the reader decodes."""
-    from opguard import _C
 
     native = (_C.FLAG_VIEW, _C.FLAG_UNINITIALIZED, _C.FLAG_UNREADABLE, _C.FLAG_WRITTEN)
     assert native == (

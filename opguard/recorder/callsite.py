@@ -55,12 +55,12 @@ class CallSites:
         self._writer = writer
         self._rules = _classifier()
         self._locations: dict[int, tuple[str, int]] = {}  # site id -> (file, line)
-        walker = _C.StackWalker(self._is_user_code, self._site_id, writer.intern_stack)
+        self.walker = _C.StackWalker(self._is_user_code, self._site_id, writer.intern_stack)
         # capture(start=None) -> (call-site id, stack id) of the Python stack from frame
         # ``start`` outwards (the caller's when None), or None if no frame on it is user code.
         # Passing the frame that ran the op saves the walk a frame object per recorder frame
         # above it. The native method itself: one Python call less per op.
-        self.capture: Callable[[FrameType | None], tuple[int, int] | None] = walker.capture
+        self.capture: Callable[[FrameType | None], tuple[int, int] | None] = self.walker.capture
 
     def _is_user_code(self, code: CodeType) -> bool:
         filename = code.co_filename

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+import weakref
 from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
@@ -22,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .. import _C
 from ..store import schema
 from ..store.captures import INPUT, OUTPUT
-from .arguments import encode, generator_fingerprint
+from .arguments import generator_fingerprint
 from .callsite import CallSites
 from .capture import Capturer
 from .collectives import wait
@@ -84,24 +85,30 @@ class OpRecorder(TorchDispatchMode):
         self._sites = CallSites(writer)
         self._on_failure = on_failure
         self._infos: dict[Any, OpInfo] = {}
+        # ATen ops' infos by id(): an OpOverload's hash is a Python call (the op itself stays
+        # alive as a key of _infos)
+        self._op_infos: dict[int, OpInfo] = {}
         # Each tensor's entry, producer and known fingerprint (native: per tensor, per op).
         self._entries = entry_recorder()
-        # Forward ops by autograd sequence number: (op index, (call site, stack) or None).
-        self._forward_sites: dict[int, tuple[int, tuple[int, int] | None]] = {}
-        self._last_sequence_nr = -1
-        self._in_backward = False  # the last op recorded ran in a backward pass
+        # The per-op path, phase and call-site bookkeeping included (native: one call per op).
+        self._calls = _C.CallRecorder(
+            entries=self._entries,
+            walker=self._sites.walker,
+            writer=writer,
+            steps=steps,
+            autograd=(
+                torch._C._current_autograd_node,
+                torch.is_grad_enabled,
+                torch._C._autograd._get_sequence_nr,
+            ),
+            phases=(_FORWARD, _BACKWARD, _OPTIMIZER, _OTHER),
+            ring_drain=RING_DRAIN,
+            fail=weakref.WeakMethod(self.fail),  # a strong one would make a cycle GC can't see
+        )
         self._in_flight = False
-        self.next_index = 0
-        self.kernels: KernelActivity | None = None  # set when CUPTI collects GPU activity
-        # The phase of ops run inside a compiled region's forward graph, where autograd has
-        # turned gradients off (None: read it from the grad mode).
-        self.region_phase: int | None = None
+        self._kernels: KernelActivity | None = None
         self.capture: Capturer | None = None  # set by record --capture
         self.active = True
-        # Fingerprint every input again instead of reusing what its producer wrote: finds
-        # writes the dispatcher never saw (NumPy views, extensions writing through pointers),
-        # which leave the version counter alone.
-        self.verify_inputs = False
 
     # -- dispatch -------------------------------------------------------------------------
 
@@ -123,12 +130,49 @@ class OpRecorder(TorchDispatchMode):
         this mode as units (:mod:`opguard.recorder.compiled`)."""
         return True
 
+    @property
+    def next_index(self) -> int:
+        """The index the next recorded op gets (ops recorded so far)."""
+        return int(self._calls.next_index)
+
+    @property
+    def kernels(self) -> KernelActivity | None:
+        """CUPTI's collection of GPU activity, when on: launches are tied to ops."""
+        return self._kernels
+
+    @kernels.setter
+    def kernels(self, activity: KernelActivity | None) -> None:
+        self._kernels = activity
+        self._calls.kernels = activity is not None
+
+    @property
+    def region_phase(self) -> int | None:
+        """The phase of ops run inside a compiled region's forward graph, where autograd has
+        turned gradients off (None: read it from the grad mode)."""
+        phase = int(self._calls.region_phase)
+        return None if phase < 0 else phase
+
+    @region_phase.setter
+    def region_phase(self, phase: int | None) -> None:
+        self._calls.region_phase = -1 if phase is None else phase
+
+    @property
+    def verify_inputs(self) -> bool:
+        """Fingerprint every input again instead of reusing what its producer wrote: finds
+        writes the dispatcher never saw (NumPy views, extensions writing through pointers),
+        which leave the version counter alone."""
+        return bool(self._calls.verify)
+
+    @verify_inputs.setter
+    def verify_inputs(self, verify: bool) -> None:
+        self._calls.verify = verify
+
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
         if kwargs is None:
             kwargs = {}
-        info = self._infos.get(func)
+        info = self._op_infos.get(id(func))
         if not self.active or (info is None and func.namespace in UNRECORDED_NAMESPACES):
             return func(*args, **kwargs)
         for t in types:
@@ -148,7 +192,13 @@ class OpRecorder(TorchDispatchMode):
             except Exception as exc:
                 self.fail(exc)
                 return func(*args, **kwargs)
-        caller = _caller_frame()
+            self._op_infos[id(func)] = info
+        try:
+            caller: FrameType | None = sys._getframe(1)  # the frame that ran the op
+        except ValueError:  # none: autograd's threads call ops from C++ alone
+            caller = None
+        if info.plain and self.capture is None and self._writer.error is None:
+            return self._calls.call(info.plan, info.name_id, func, args, kwargs, caller)
         if not info.is_collective:
             return self.record_call(info, func, args, kwargs, caller=caller)
         # An output still in flight is fingerprinted by its first reader, not here.
@@ -248,7 +298,7 @@ class OpRecorder(TorchDispatchMode):
 
     def forget_step(self) -> None:
         """Drops per-step state at a step boundary: the forward call sites of backward ops."""
-        self._forward_sites.clear()
+        self._calls.forget_step()
 
     # -- before the op: inputs, arguments, RNG ----------------------------------------------
 
@@ -282,8 +332,7 @@ class OpRecorder(TorchDispatchMode):
         located = None
         node = torch._C._current_autograd_node()
         if node is not None:
-            forward = self._forward_sites.get(node._sequence_nr())
-            located = forward[1] if forward is not None else None
+            located = self._calls.forward_site(node._sequence_nr())
         if located is None:
             located = self._sites.capture(None)
         return self._sites.location(located[0]) if located is not None else None
@@ -302,55 +351,20 @@ class OpRecorder(TorchDispatchMode):
     def _after(self, pending: tuple, out: Any, caller: FrameType | None) -> None:
         info, op, written, arguments, rng, capturing = pending
         index = self.next_index
-        taken = info.plan.outputs(
-            self._entries, op, out, written, index, self._in_flight, capturing
+        taken = self._calls.finish(
+            info.plan,
+            op,
+            out,
+            written,
+            info.name_id,
+            arguments,
+            rng,
+            self._in_flight,
+            capturing,
+            caller,
         )
         if taken:
             self._capture(index, OUTPUT, taken)
-        phase, forward, located = self._locate(index, caller)
-        value = encode(out) if out is not None and not op.output_count else None
-        packed = op.finish(
-            index, info.name_id, self._steps.step, phase, forward, located, arguments, rng, value
-        )
-        if packed is None:  # a GPU fingerprint is pending: the writer packs it once landed
-            self._writer.append(index, op)
-            if self._entries.ring_load() > RING_DRAIN:  # before launches wait for space
-                self._writer.wake()
-        else:
-            self._writer.append(index, packed)
-        # Counted once queued: a failure above reports this op as the first one not recorded.
-        self.next_index = index + 1
-
-    def _locate(
-        self, index: int, caller: FrameType | None
-    ) -> tuple[int, int | None, tuple[int, int] | None]:
-        """(phase, forward op, (call site, stack)) of op ``index``, run from frame ``caller``;
-        None where unknown. Backward ops borrow their forward op's call site."""
-        node = torch._C._current_autograd_node()
-        if node is not None:
-            if not self._in_backward:  # the host has time to spare: let the writer catch up
-                self._in_backward = True
-                self._writer.wake()
-            forward = self._forward_sites.get(node._sequence_nr())
-            if forward is not None:
-                return _BACKWARD, forward[0], forward[1]
-            return _BACKWARD, None, self._sites.capture(caller)
-        self._in_backward = False
-        steps = self._steps
-        phase = (
-            _OPTIMIZER
-            if steps.in_optimizer
-            else self.region_phase
-            if self.region_phase is not None
-            else (_FORWARD if torch.is_grad_enabled() else _OTHER)
-        )
-        located = self._sites.capture(caller)
-        sequence_nr = torch._C._autograd._get_sequence_nr()
-        if sequence_nr != self._last_sequence_nr:
-            # The first op after the counter moved is the one whose autograd node took it.
-            self._last_sequence_nr = sequence_nr
-            self._forward_sites[sequence_nr - 1] = (index, located)
-        return phase, None, located
 
 
 def failure_info(index: int, exc: BaseException) -> dict[str, Any]:
@@ -359,15 +373,6 @@ def failure_info(index: int, exc: BaseException) -> dict[str, Any]:
         "error": f"{type(exc).__name__}: {exc}",
         "traceback": "".join(traceback.format_exception(exc)),
     }
-
-
-def _caller_frame() -> FrameType | None:
-    """The frame that ran the op ``__torch_dispatch__`` was called for (None when it was called
-    from C++ alone: autograd's threads)."""
-    try:
-        return sys._getframe(2)  # above this function and __torch_dispatch__
-    except ValueError:
-        return None
 
 
 def _default_generator(args: tuple, kwargs: dict) -> torch.Generator:

@@ -50,6 +50,9 @@ class OpInfo:
     # call.
     defaults: tuple[tuple[str, Any, int], ...] = ()
     is_collective: bool = False  # a c10d op: its output may still be in flight when it returns
+    # Neither random nor collective: the native per-op path records it whole
+    # (csrc/call_recorder.h); the mode records the others, with the RNG state or a wait.
+    plain: bool = field(init=False, compare=False)
     # How a call's arguments and results are walked into its record, natively
     # (csrc/op_plan.h).
     plan: _C.OpPlan = field(init=False, compare=False, repr=False)
@@ -66,6 +69,7 @@ class OpInfo:
             encode=encode,
         )
         object.__setattr__(self, "plan", plan)  # frozen: set once, here
+        object.__setattr__(self, "plain", not (self.is_random or self.is_collective))
 
 
 def op_info(func: torch._ops.OpOverload, intern_name: object) -> OpInfo:
