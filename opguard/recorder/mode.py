@@ -198,7 +198,7 @@ class OpRecorder(TorchDispatchMode):
         except ValueError:  # none: autograd's threads call ops from C++ alone
             caller = None
         if info.plain and self.capture is None and self._writer.error is None:
-            return self._calls.call(info.plan, info.name_id, func, args, kwargs, caller)
+            return self._calls.call(info.plan, info.name_id, info.run, args, kwargs, caller)
         if not info.is_collective:
             return self.record_call(info, func, args, kwargs, caller=caller)
         # An output still in flight is fingerprinted by its first reader, not here.

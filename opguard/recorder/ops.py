@@ -50,6 +50,9 @@ class OpInfo:
     # call.
     defaults: tuple[tuple[str, Any, int], ...] = ()
     is_collective: bool = False  # a c10d op: its output may still be in flight when it returns
+    # What runs an ATen op's call: the overload's C++ entry point, which its Python __call__
+    # only forwards to (one Python frame less per op); None for units that are not ATen ops.
+    run: Any = field(default=None, compare=False, repr=False)
     # Neither random nor collective: the native per-op path records it whole
     # (csrc/call_recorder.h); the mode records the others, with the RNG state or a wait.
     plain: bool = field(init=False, compare=False)
@@ -89,6 +92,8 @@ def op_info(func: torch._ops.OpOverload, intern_name: object) -> OpInfo:
         uninitialized_output=base in UNINITIALIZED_OUTPUT_OPS,
         uninitialized_slots=PARTLY_UNINITIALIZED_OUTPUTS.get(base, frozenset()),
         is_collective=is_collective(func.namespace),
+        # a subclass (TorchBindOpOverload) may dispatch in Python first: keep its __call__
+        run=func._op if type(func) is torch._ops.OpOverload else func,
         defaults=tuple(
             (a.name, encode(a.default_value), position)
             for position, a in enumerate(args)
