@@ -3,7 +3,9 @@
 // and whether CUPTI's external correlation ids would cost less than the API callbacks OpGuard
 // uses (csrc/cupti_activity.cpp). A tiny kernel is launched 30,000 times per round on one
 // stream, synchronising every 256 launches so that the launch queue never fills; the best of
-// four rounds after one warm-up round is reported.
+// four rounds after one warm-up round is reported. Then the GPU's side: kernels that each spin
+// for ~20 µs, queued 256 at a time far ahead of the GPU, timed by CUDA events; the GPU time per
+// kernel beyond way 0's is what the way adds on the device (timestamps, gaps between kernels).
 //
 //   nvcc -O2 -arch=sm_90 bench/cupti_launch_cost.cu -o /tmp/cupti_launch_cost -lcupti \
 //     -L/usr/local/cuda/extras/CUPTI/lib64
@@ -42,6 +44,14 @@ struct Params {
 template <int Bytes>
 __global__ void tiny_with(Params<Bytes> params) {
   if (threadIdx.x == 0 && blockIdx.x == 0) params.p[0] += params.rest[0];
+}
+
+// Spins for `cycles` of the SM's clock: a kernel long enough that the GPU, not the launching
+// host, bounds a queue of them.
+__global__ void spin(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
 }
 
 int way = 0;
@@ -142,7 +152,29 @@ int main(int argc, char** argv) {
   }
   cudaDeviceSynchronize();
   if (uses_cupti()) cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-  printf("way %d: %.3f us per launch (%llu activity records, %zu tags)\n", way,
-         best / kLaunches * 1e6, static_cast<unsigned long long>(records), tags.size());
+  // the device's side: GPU time per spinning kernel, the host ahead of it
+  cudaEvent_t first, last;
+  cudaEventCreate(&first);
+  cudaEventCreate(&last);
+  constexpr int kQueued = 256, kBatches = 40;
+  float gpu_ms = 0;
+  for (int batch = 0; batch <= kBatches; ++batch) {
+    cudaEventRecord(first, stream);
+    for (int i = 0; i < kQueued; ++i) {
+      current_launch = i;
+      spin<<<1, 32, 0, stream>>>(40000);
+    }
+    cudaEventRecord(last, stream);
+    cudaEventSynchronize(last);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, first, last);
+    if (batch > 0) gpu_ms += ms;  // the first batch warms up
+  }
+  cudaDeviceSynchronize();
+  if (uses_cupti()) cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  printf("way %d: %.3f us per launch on the host, %.3f us per spinning kernel on the GPU "
+         "(%llu activity records, %zu tags)\n",
+         way, best / kLaunches * 1e6, gpu_ms * 1e3 / (kQueued * kBatches),
+         static_cast<unsigned long long>(records), tags.size());
   return 0;
 }

@@ -80,39 +80,21 @@ void bind_cuda(py::module_& m) {
   m.def(
       "cupti_drain",
       [](bool all) {
-        std::vector<cupti::Activity> done;
+        std::vector<std::pair<uint64_t, std::string>> by_op;
         {
           py::gil_scoped_release release;
-          done = cupti::drain(all);
+          by_op = cupti::pack_by_op(cupti::drain(all));
         }
-        // Built here, not in Python: the trace writer drains thousands per step, and its
-        // Python time is taken from the training thread (the GIL).
-        static const char* const kinds[] = {"kernel", "memcpy", "memset"};
-        py::dict by_op;
-        for (const auto& a : done) {
-          py::dict entry;
-          entry["k"] = kinds[a.kind];
-          entry["n"] = a.name;
-          entry["s"] = a.stream;
-          entry["d"] = a.device;
-          entry["t0"] = a.start;
-          entry["t1"] = a.end;
-          if (a.kind == 0) {
-            entry["g"] = py::make_tuple(a.grid[0], a.grid[1], a.grid[2]);
-            entry["b"] = py::make_tuple(a.block[0], a.block[1], a.block[2]);
-          } else {
-            entry["z"] = a.bytes;
-          }
-          if (a.unclaimed) entry["u"] = 1;
-          py::int_ op(a.op);
-          if (!by_op.contains(op)) by_op[op] = py::list();
-          by_op[op].cast<py::list>().append(std::move(entry));
+        py::list out(by_op.size());
+        for (size_t i = 0; i < by_op.size(); ++i) {
+          out[i] = py::make_tuple(by_op[i].first, py::bytes(by_op[i].second));
         }
-        return by_op;
+        return out;
       },
       py::arg("all") = false,
-      "{op: [kernel entries]}: the trace's kernel entries (schema.py) of the GPU activity "
-      "drained; an entry with u=1 was launched after op `op`, outside any recorded op.");
+      "[(op, packed kernel entries)], ops in order: each op's entries of the trace (schema.py) "
+      "for the GPU activity drained, one msgpack array; an entry with u=1 was launched after "
+      "op `op`, outside any recorded op.");
   m.def("cupti_stop", &cupti::stop);
   m.def("cupti_counters", [] {
     const cupti::Counters c = cupti::counters();

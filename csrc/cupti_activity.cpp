@@ -4,6 +4,7 @@
 #include <cupti_callbacks.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <iterator>
@@ -11,6 +12,8 @@
 #include <string_view>
 #include <unordered_map>
 #include <vector>
+
+#include "msgpack_out.h"
 
 namespace opguard {
 namespace cupti {
@@ -403,6 +406,43 @@ std::vector<Activity> drain(bool all) {
   s.waiting.swap(still);
   if (all) s.tags.clear();
   return ready;
+}
+
+std::vector<std::pair<uint64_t, std::string>> pack_by_op(std::vector<Activity> activities) {
+  // drained in completion order: by op, each op's in that order
+  std::stable_sort(activities.begin(), activities.end(),
+                   [](const Activity& a, const Activity& b) { return a.op < b.op; });
+  static const char* const kKindNames[] = {"kernel", "memcpy", "memset"};
+  std::vector<std::pair<uint64_t, std::string>> by_op;
+  for (size_t i = 0; i < activities.size();) {
+    size_t end = i;
+    while (end < activities.size() && activities[end].op == activities[i].op) ++end;
+    std::string packed;
+    MsgpackOut out(packed);
+    out.array(end - i);
+    for (size_t k = i; k < end; ++k) {
+      const Activity& a = activities[k];
+      out.map(8 + (a.unclaimed ? 1 : 0) - (a.kind == 0 ? 0 : 1));
+      out.str("k"), out.str(kKindNames[a.kind]);
+      out.str("n"), out.str(a.name);
+      out.str("s"), out.uint(a.stream);
+      out.str("d"), out.uint(a.device);
+      out.str("t0"), out.uint(a.start);
+      out.str("t1"), out.uint(a.end);
+      if (a.kind == 0) {
+        out.str("g"), out.array(3);
+        for (uint32_t v : a.grid) out.uint(v);
+        out.str("b"), out.array(3);
+        for (uint32_t v : a.block) out.uint(v);
+      } else {
+        out.str("z"), out.uint(a.bytes);
+      }
+      if (a.unclaimed) out.str("u"), out.uint(1);
+    }
+    by_op.emplace_back(activities[i].op, std::move(packed));
+    i = end;
+  }
+  return by_op;
 }
 
 Counters counters() {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace opguard {
@@ -66,6 +67,10 @@ class OwnWork {
 // Flushes CUPTI's buffers (`all`: also incomplete ones) and returns every activity whose op
 // is known, leaving the others for a later call.
 std::vector<Activity> drain(bool all);
+// The trace's kernel entries of `activities` (opguard/store/schema.py), one msgpack array per
+// op, ops in order: packed here, without the GIL, because the trace writer drains thousands
+// per step and its Python time is taken from the training thread.
+std::vector<std::pair<uint64_t, std::string>> pack_by_op(std::vector<Activity> activities);
 void stop();
 
 }  // namespace cupti

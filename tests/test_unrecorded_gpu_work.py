@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 from conftest import cli_in_process
 
@@ -71,11 +72,11 @@ UNRECORDED_B = {
 }
 
 
-def _batches(unrecorded: dict[int, list[dict]]) -> Iterator[dict[int, list[dict]]]:
-    """What successive CUPTI drains hand the writer: the ops' own kernels first, unrecorded
-    work later (so the writer extends lists it already wrote)."""
-    yield {op: list(kernels) for op, kernels in OWN.items()}
-    yield {op: list(kernels) for op, kernels in unrecorded.items()}
+def _batches(unrecorded: dict[int, list[dict]]) -> Iterator[list[tuple[int, bytes]]]:
+    """What successive CUPTI drains hand the writer, each op's entries packed: the ops' own
+    kernels first, unrecorded work later (so the writer extends lists it already wrote)."""
+    for drained in (OWN, unrecorded):
+        yield [(op, msgpack.packb(kernels)) for op, kernels in sorted(drained.items())]
 
 
 def _write(path: Path, *, read_y: int, out: int, unrecorded: dict[int, list[dict]]) -> None:
@@ -85,7 +86,7 @@ def _write(path: Path, *, read_y: int, out: int, unrecorded: dict[int, list[dict
     write_meta(path, {"schema": schema.SCHEMA_VERSION, "command": ["test"], "status": "finished"})
     writer = TraceWriter(path / "rank-0", start_info={"rank": 0})
     batches = _batches(unrecorded)
-    writer.poll_kernels = lambda final: next(batches, {})
+    writer.poll_kernels = lambda final: next(batches, [])
     site = writer.intern_site(
         "train", lambda: [str(path.parent / "train.py"), 5, "main", [[5, "y = step(x)"]]]
     )

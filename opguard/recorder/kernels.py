@@ -15,7 +15,6 @@ from __future__ import annotations
 import glob
 import os
 import sys
-from typing import Any
 
 from .. import _C
 
@@ -66,9 +65,10 @@ class KernelActivity:
             reasons.append(reason)
         return None, reasons[-1] if reasons else "libcupti not found"
 
-    def drain(self, final: bool = False) -> dict[int, list[dict[str, Any]]]:
-        """Activity collected so far, by op index, as the trace's kernel entries (``final``:
-        everything, then stop)."""
+    def drain(self, final: bool = False) -> list[tuple[int, bytes]]:
+        """Activity collected so far as (op index, its kernel entries packed), ops in order
+        (``final``: everything, then stop). Packed natively: the writer drains thousands of
+        entries per step, and building them as Python objects held the GIL that long."""
         by_op = _C.cupti_drain(final)
         if final:
             _C.cupti_stop()

@@ -108,8 +108,9 @@ class TraceWriter:
         self._flush_interval = flush_interval
         self.error: BaseException | None = None
         # Called on the writer thread before each batch (final=True at close): returns GPU
-        # activity by op index, which arrives from CUPTI later than the ops themselves.
-        self.poll_kernels: Callable[[bool], dict[int, list[Any]]] | None = None
+        # activity, which arrives from CUPTI later than the ops themselves, as (op index, its
+        # kernel entries packed as one msgpack array), ops in order.
+        self.poll_kernels: Callable[[bool], list[tuple[int, bytes]]] | None = None
         # Called on the writer thread with a batch's deferred records: their packed bytes. The
         # recorder's hook packs them natively, collecting their GPU results without the GIL.
         self.pack_deferred: Callable[[list[Deferred]], list[bytes]] | None = None
@@ -178,7 +179,7 @@ class TraceWriter:
                 batch[k] = ("ops", batch[k][1], value)
         by_db: dict[str, list[tuple[bytes, bytes]]] = {}
         for db, key, value in batch:
-            if db == "ops":  # keyed by op index, packed by append() or above
+            if db in ("ops", "kernels"):  # packed by append() or above, or by poll_kernels
                 by_db.setdefault(db, []).append((_key(key), value))
                 continue
             if callable(value):
@@ -213,7 +214,7 @@ class TraceWriter:
             self.poll_kernels = None
             self._put_later("info", b"kernels_failure", f"{type(exc).__name__}: {exc}")
             return []
-        return [("kernels", schema.op_key(op), items) for op, items in sorted(by_op.items())]
+        return [("kernels", schema.op_key(op), packed) for op, packed in by_op]
 
     def put_capture(self, key: bytes, value: Packer) -> None:
         """Queues a captured tensor (see :mod:`opguard.store.captures`); ``value`` is called
