@@ -259,7 +259,7 @@ class RecordingSession:
 
     def _start_gpu_activity(self) -> None:
         """On a machine with a GPU, collects each op's kernels through CUPTI (unless
-        ``OPGUARD_KERNELS=0``: it costs 1–3% of a step in bench/overhead.py);
+        ``OPGUARD_KERNELS=0``: it costs under 1% of a step in bench/overhead.py);
         says in the trace what GPU recording could and could not use."""
         if not torch.cuda.is_available():
             return
