@@ -95,7 +95,6 @@ CallRecorder::CallRecorder(py::object entries, py::object walker, py::object wri
       walker_(walker_owner_.cast<StackWalker&>()),
       append_(writer.attr("append")),
       wake_(writer.attr("wake")),
-      writer_(std::move(writer)),
       steps_(std::move(steps)),
       fail_(std::move(fail)),
       current_node_(autograd[0]),

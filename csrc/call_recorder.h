@@ -78,7 +78,7 @@ class CallRecorder {
   pybind11::object entries_owner_, walker_owner_;
   EntryRecorder& entries_;
   StackWalker& walker_;
-  pybind11::object append_, wake_, writer_, steps_, fail_;
+  pybind11::object append_, wake_, steps_, fail_;
   pybind11::object current_node_, grad_enabled_, sequence_nr_;
   int64_t forward_, backward_, optimizer_, other_;
   double ring_drain_;

@@ -226,11 +226,7 @@ void bind_op_plan(py::module_& m) {
            py::arg("verify"), py::arg("capturing"),
            "(op, written, arguments, taken): a new OpRecord holding the call's inputs, the "
            "written tensor arguments (slot, tensor) or None, the other arguments as "
-           "(name, value) pairs, and when capturing the inputs to capture.")
-      .def("outputs", &OpPlan::outputs, py::arg("entries"), py::arg("op"), py::arg("result"),
-           py::arg("written"), py::arg("index"), py::arg("in_flight"), py::arg("capturing"),
-           "Adds the op's returned and written tensors to `op`; when capturing, returns the "
-           "outputs to capture.");
+           "(name, value) pairs, and when capturing the inputs to capture.");
 }
 
 }  // namespace opguard

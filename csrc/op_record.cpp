@@ -171,13 +171,6 @@ py::list OpRecord::pack_all(const py::list& records) {
 void bind_op_record(py::module_& m) {
   py::class_<OpRecord, std::shared_ptr<OpRecord>>(
       m, "OpRecord", "One op's record: its tensor entries, packed with the rest once known.")
-      .def_property_readonly("output_count", [](const OpRecord& r) { return r.outputs.size(); })
-      .def("finish", &OpRecord::finish, py::arg("index"), py::arg("name_id"), py::arg("step"),
-           py::arg("phase"), py::arg("forward"), py::arg("located"), py::arg("arguments"),
-           py::arg("rng"), py::arg("value"),
-           "Takes the rest of the record (None: a field left out; located: (call site, "
-           "stack)); returns the whole record packed, or None while a GPU fingerprint is "
-           "pending (then pack_all packs it).")
       .def_static("pack_all", &OpRecord::pack_all, py::arg("records"),
                   "The packed records of finished OpRecords, waiting for their GPU "
                   "fingerprints without the GIL.");

@@ -258,8 +258,6 @@ void bind_provenance(py::module_& m) {
       .def(py::init<py::object, int64_t>(), py::arg("probe"), py::arg("head_elements"))
       .def("discard", &EntryRecorder::discard,
            "Drops GPU fingerprints not launched yet (recording stopped).")
-      .def("ring_load", &EntryRecorder::ring_load,
-           "The fraction of the GPU result rings waiting for the trace writer.")
       .def_property_readonly("reads", &EntryRecorder::reads);
   m.attr("FLAG_VIEW") = kFlagView;
   m.attr("FLAG_UNINITIALIZED") = kFlagUninitialized;

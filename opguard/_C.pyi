@@ -41,19 +41,6 @@ class OpRecord:
     """One op's record: its tensor entries, packed with the rest once known
     (csrc/op_record.h)."""
 
-    output_count: int
-    def finish(
-        self,
-        index: int,
-        name_id: int,
-        step: int,
-        phase: int,
-        forward: int | None,
-        located: tuple[int, int] | None,
-        arguments: list[Any] | None,
-        rng: int | None,
-        value: Any,
-    ) -> bytes | None: ...
     @staticmethod
     def pack_all(records: list[OpRecord]) -> list[bytes]: ...
 
@@ -83,7 +70,6 @@ class EntryRecorder:
     reads: int
     def __init__(self, probe: TensorProbe, head_elements: int) -> None: ...
     def discard(self) -> None: ...
-    def ring_load(self) -> float: ...
 
 class OpPlan:
     """How an op's arguments and results are recorded, built once per op (csrc/op_plan.h)."""
@@ -107,16 +93,6 @@ class OpPlan:
         list[tuple[str, Any]],  # non-tensor arguments
         list[tuple[int, str, Any]] | None,  # inputs to capture
     ]: ...
-    def outputs(
-        self,
-        entries: EntryRecorder,
-        op: OpRecord,
-        result: Any,
-        written: list[tuple[str, Any]] | None,
-        index: int,
-        in_flight: bool,
-        capturing: bool,
-    ) -> list[tuple[int, str, Any]] | None: ...
 
 def returned_tensors(probe: TensorProbe, result: Any) -> list[tuple[str, Any]]: ...
 

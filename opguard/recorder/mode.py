@@ -81,7 +81,6 @@ class OpRecorder(TorchDispatchMode):
         super().__init__()
         self._writer = writer
         writer.pack_deferred = _C.OpRecord.pack_all  # the GPU records it defers (_after)
-        self._steps = steps
         self._sites = CallSites(writer)
         self._on_failure = on_failure
         self._infos: dict[Any, OpInfo] = {}
