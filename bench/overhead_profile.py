@@ -14,6 +14,8 @@
 4. with ``--phases``, plain and recorded side by side: when each phase of the step (forward,
    backward, optimizer) returns on the host and when the GPU finishes it, from the step's
    start. A phase whose GPU end follows its host end by little had the GPU waiting for the host.
+   Also how long the trace writer spent committing to LMDB during each phase: each commit
+   trades the GIL with the recording thread once per record.
 
     python bench/overhead_profile.py [--steps 3] [--top 20] [--batch 8] [--seq 1024]
                                      [--gpu | --phases]
@@ -39,6 +41,7 @@ from overhead import build
 import opguard
 from opguard import _C
 from opguard.recorder import mode
+from opguard.store.writer import TraceWriter
 
 # (owner, function name) of the recorder parts timed (the default mode)
 PARTS: list[tuple[Any, str]] = [
@@ -198,9 +201,10 @@ def gpu_time_by_kernel(step: Callable[[], float], steps: int, top: int) -> None:
 
 
 def time_by_phase(step: Callable[..., float], steps: int) -> None:
-    def phases() -> dict[str, tuple[float, float]]:
-        """{phase: (host ms, GPU ms)} from the step's start, medians over ``steps``."""
-        samples: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+    def phases(commits: list[tuple[float, float]]) -> dict[str, tuple[float, float, float]]:
+        """{phase: (host ms, GPU ms, ms of it the writer spent committing)} from the step's
+        start, medians over ``steps``; ``commits`` fills with the writer's (start, end)."""
+        samples: dict[str, list[tuple[float, float, float]]] = collections.defaultdict(list)
         for _ in range(steps):
             torch.cuda.synchronize()
             start = torch.cuda.Event(enable_timing=True)
@@ -215,27 +219,46 @@ def time_by_phase(step: Callable[..., float], steps: int) -> None:
             t0 = time.perf_counter()
             step(mark)
             torch.cuda.synchronize()
+            begun = t0
             for phase, host, event in marks:
-                samples[phase].append(((host - t0) * 1e3, start.elapsed_time(event)))
+                writing = sum(max(0.0, min(end, host) - max(t, begun)) for t, end in commits)
+                samples[phase].append(((host - t0) * 1e3, start.elapsed_time(event), writing * 1e3))
+                begun = host
         return {
-            phase: (
-                statistics.median(h for h, _ in values),
-                statistics.median(g for _, g in values),
-            )
+            phase: tuple(statistics.median(v[k] for v in values) for k in range(3))
             for phase, values in samples.items()
         }
 
-    plain = phases()
-    with tempfile.TemporaryDirectory() as workdir, opguard.record(Path(workdir) / "run"):
-        step()
-        recorded = phases()
-    print("ms from the step's start: host returns / GPU finishes")
+    plain = phases([])
+    commits: list[tuple[float, float]] = []
+    commit = TraceWriter._commit
+
+    def timed_commit(self: TraceWriter, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return commit(self, *args, **kwargs)
+        finally:
+            commits.append((t0, time.perf_counter()))
+
+    TraceWriter._commit = timed_commit  # type: ignore[method-assign]
+    try:
+        with tempfile.TemporaryDirectory() as workdir, opguard.record(Path(workdir) / "run"):
+            step()
+            recorded = phases(commits)
+    finally:
+        TraceWriter._commit = commit  # type: ignore[method-assign]
+    print("ms from the step's start: host returns / GPU finishes; ms of the phase's host time")
+    print("the trace writer spent committing")
     print(
         f"  {'phase':<10} {'plain host':>10} {'plain GPU':>10} {'rec. host':>10} {'rec. GPU':>10}"
+        f" {'committing':>10}"
     )
-    for phase, (host, gpu) in plain.items():
-        rec_host, rec_gpu = recorded[phase]
-        print(f"  {phase:<10} {host:10.1f} {gpu:10.1f} {rec_host:10.1f} {rec_gpu:10.1f}")
+    for phase, (host, gpu, _) in plain.items():
+        rec_host, rec_gpu, writing = recorded[phase]
+        print(
+            f"  {phase:<10} {host:10.1f} {gpu:10.1f} {rec_host:10.1f} {rec_gpu:10.1f}"
+            f" {writing:10.1f}"
+        )
 
 
 def thread_cpu_seconds() -> dict[int, tuple[str, float]]:

@@ -95,6 +95,7 @@ CallRecorder::CallRecorder(py::object entries, py::object walker, py::object wri
       walker_(walker_owner_.cast<StackWalker&>()),
       append_(writer.attr("append")),
       wake_(writer.attr("wake")),
+      make_room_(writer.attr("make_room")),
       steps_(std::move(steps)),
       fail_(std::move(fail)),
       current_node_(autograd[0]),
@@ -145,7 +146,7 @@ py::object CallRecorder::finish(const OpPlan& plan, const std::shared_ptr<OpReco
                                  arguments, rng, value);
   if (packed.is_none()) {  // a GPU fingerprint is pending: the writer packs it once landed
     append_(index, py::cast(op));
-    if (entries_.ring_load() > ring_drain_) wake_();  // before launches wait for space
+    if (entries_.ring_load() > ring_drain_) make_room_();  // before launches wait for space
   } else {
     append_(index, packed);
   }

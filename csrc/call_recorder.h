@@ -25,11 +25,12 @@ namespace opguard {
 class CallRecorder {
  public:
   // `entries` (EntryRecorder) and `walker` (StackWalker) do the walks; `writer` is the trace
-  // writer (append, wake, error); `steps` holds the step counter and the optimizer flag;
-  // `autograd` is torch's (current autograd node, grad enabled, sequence number) functions;
-  // `phases` the trace's (forward, backward, optimizer, other) codes; the writer is woken
-  // once the GPU result rings are `ring_drain` full; `fail` is a weak reference to the
-  // callable that stops recording on a failure of the recorder.
+  // writer (append, wake, make_room, error); `steps` holds the step counter and the optimizer
+  // flag; `autograd` is torch's (current autograd node, grad enabled, sequence number)
+  // functions; `phases` the trace's (forward, backward, optimizer, other) codes; the writer
+  // packs (make_room) once the GPU result rings are `ring_drain` full and writes (wake) as each
+  // backward pass starts; `fail` is a weak reference to the callable that stops recording on a
+  // failure of the recorder.
   CallRecorder(pybind11::object entries, pybind11::object walker, pybind11::object writer,
                pybind11::object steps, pybind11::tuple autograd, pybind11::tuple phases,
                double ring_drain, pybind11::object fail);
@@ -78,7 +79,7 @@ class CallRecorder {
   pybind11::object entries_owner_, walker_owner_;
   EntryRecorder& entries_;
   StackWalker& walker_;
-  pybind11::object append_, wake_, steps_, fail_;
+  pybind11::object append_, wake_, make_room_, steps_, fail_;
   pybind11::object current_node_, grad_enabled_, sequence_nr_;
   int64_t forward_, backward_, optimizer_, other_;
   double ring_drain_;

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -567,6 +568,46 @@ def test_deferred_records_are_stored_in_order_among_packed_ones(tmp_path: Path) 
         ops = list(run.rank(0).ops())
     assert [(op.index, op.step) for op in ops] == [(k, k // 3) for k in range(9)]
     assert sum(batches) == 3  # the deferred ones, and only they, went through the hook
+
+
+def test_full_rings_get_gpu_records_packed_and_a_wake_gets_them_written(
+    tmp_path: Path,
+) -> None:
+    """When the GPU result rings fill, the writer packs the records holding them (freeing the
+    rings) but leaves the trace alone until it is woken, as a backward pass starts: a commit
+    trades the GIL with the training thread once per record, which slows a forward pass on a
+    slow host. Waking it writes everything packed so far."""
+    from opguard.store.writer import packb
+
+    packed = threading.Event()
+
+    class Deferred:  # stands in for the recorder's OpRecord
+        def __init__(self, record: dict[str, Any]) -> None:
+            self.record = record
+
+    def pack_deferred(records: list[Deferred]) -> list[bytes]:
+        out = [packb(r.record) for r in records]
+        packed.set()
+        return out
+
+    write_meta(tmp_path, {"schema": store_schema.SCHEMA_VERSION, "command": ["t"]})
+    writer = TraceWriter(tmp_path / "rank-0", start_info={"rank": 0}, flush_interval=600)
+    writer.pack_deferred = pack_deferred
+    name = writer.intern_name("aten::mul.Tensor")
+    for index in range(3):
+        writer.append(index, Deferred({"i": index, "o": name, "s": 0, "x": [], "y": []}))
+    writer.make_room()
+    assert packed.wait(30)
+    time.sleep(0.2)  # a write, if one were coming, would follow the packing at once
+    assert writer.records_written == 0
+    writer.wake()
+    deadline = time.monotonic() + 30
+    while writer.records_written < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert writer.records_written == 3
+    writer.close({"status": "finished"})
+    with Run(tmp_path) as run:
+        assert [op.index for op in run.rank(0).ops()] == [0, 1, 2]
 
 
 # -- fingerprints: reuse, views, uninitialized memory ----------------------------------------

@@ -36,8 +36,8 @@ _OPTIMIZER = schema.PHASES.index("optimizer")
 _FORWARD = schema.PHASES.index("forward")
 _OTHER = schema.PHASES.index("other")
 
-# Share of the GPU result rings in use at which the trace writer is woken to collect them (it is
-# otherwise woken at the start of each backward pass, or by the number of records queued).
+# Share of the GPU result rings in use at which the trace writer packs the records holding them
+# (it writes the trace at the start of each backward pass, or by the number of records queued).
 RING_DRAIN = 0.5
 
 # Bookkeeping ops that compute nothing: record_function markers carry object addresses that

@@ -6,10 +6,18 @@ without the GIL), which commits everything in one LMDB transaction per batch, wi
 ``append=True`` puts (keys are increasing). A process killed with SIGKILL therefore leaves a
 consistent trace up to its last committed batch: at most ``flush_interval`` seconds of ops are
 lost.
+
+Packing and writing are woken apart. py-lmdb lets go of the GIL around every put, so a commit
+hands the GIL back and forth with the training thread thousands of times, each handover costing
+that thread a wake-up; on a slow host this added 20 ms to a GPT-2 forward pass. So GPU records
+are packed whenever their result rings fill (``make_room``), which holds the GIL only to make
+their bytes, and written when the recorder says the host has time to spare (``wake``, as each
+backward pass starts), or at the latest ``flush_interval`` after the last write.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import threading
@@ -23,8 +31,8 @@ import msgpack
 
 from . import schema
 
-# Pending GPU records that wake the writer (they hold fingerprint ring space); below that, they
-# wait for the next wake() (the recorder's at the start of each backward pass) or flush interval.
+# Pending GPU records that make the writer pack them (they hold fingerprint ring space); below
+# that, they wait for the next wake() (the recorder's at the start of each backward pass).
 GPU_BATCH = 1024
 # 1 TiB of address space: LMDB maps it lazily and the file only grows as pages are written.
 MAP_SIZE = 1 << 40
@@ -96,13 +104,21 @@ class TraceWriter:
             info = self._dbs["info"]
             txn.put(b"schema", msgpack.packb(schema.SCHEMA_VERSION), db=info)
             txn.put(b"start", msgpack.packb(start_info), db=info)
+            with txn.cursor(db=self._dbs["kernels"]) as cursor:
+                # GPU activity keys above it are new, below it they may extend entries
+                self._last_kernels_key: bytes | None = cursor.key() if cursor.last() else None
         self.intern_name = Interner(lambda i, v: self._put_later("names", schema.id_key(i), v))
         self.intern_site = Interner(lambda i, v: self._put_later("sites", schema.id_key(i), v))
         self.intern_stack = Interner(lambda i, v: self._put_later("stacks", schema.id_key(i), v))
         # Appended by the recording threads, taken by the writer: deque appends and pops are
         # atomic, so neither side takes a lock (one per op, on the training thread, before).
         self._pending: collections.deque[QueuedItem] = collections.deque()
+        # Packed on the writer thread, waiting for the next write.
+        self._held: list[QueuedItem] = []
         self._wake = threading.Event()
+        self._write_lock = threading.Lock()
+        self._write_due = False  # set by wake(): write at the next turn, not only pack
+        self._written_at = time.monotonic()
         self._closing = False
         self._batch_size = batch_size
         self._flush_interval = flush_interval
@@ -139,15 +155,24 @@ class TraceWriter:
         pending = self._pending
         pending.append(("ops", index, value))  # its key is made on the writer thread
         count = len(pending)
-        # GPU records hold fingerprint ring space until packed: drain every GPU_BATCH of them.
-        if count >= self._batch_size or (deferred and count % GPU_BATCH == 0):
-            self._wake.set()
+        if count >= self._batch_size:
+            self.wake()
+        elif deferred and count % GPU_BATCH == 0:
+            self.make_room()
 
     def wake(self) -> None:
-        """Drains the queue now rather than at the next batch or interval. The recorder calls it
-        as a backward pass starts: GPU records are then packed while the GPU, not the host,
-        bounds the step, instead of taking the GIL from the forward pass, whose host work
-        usually bounds it (docs/PERFORMANCE.md)."""
+        """Writes the queue now rather than at the next interval. The recorder calls it as a
+        backward pass starts: the trace is then written while the GPU, not the host, bounds
+        the step, instead of taking the GIL from the forward pass, whose host work usually
+        bounds it (docs/PERFORMANCE.md)."""
+        with self._write_lock:
+            self._write_due = True
+        self._wake.set()
+
+    def make_room(self) -> None:
+        """Packs the queued GPU records now, freeing the fingerprint ring space they hold, and
+        leaves writing them to the next ``wake`` or interval. The recorder calls it when the
+        rings fill."""
         self._wake.set()
 
     def _run(self) -> None:
@@ -155,28 +180,43 @@ class TraceWriter:
             self._wake.wait(self._flush_interval)
             self._wake.clear()
             closing = self._closing
-            batch = self._take_pending()
-            batch += self._kernel_items(final=False)
-            if batch:
-                try:
-                    self._commit(batch)
-                except BaseException as exc:  # keep the training alive; close() reports it
-                    self.error = exc
-                    return
+            with self._write_lock:
+                write, self._write_due = self._write_due, False
+            write = write or closing or time.monotonic() - self._written_at >= self._flush_interval
+            try:
+                self._held += self._packed(self._take_pending())
+                if write:
+                    batch, self._held = self._held, []
+                    self._commit(batch + self._kernel_items(final=False))
+            except BaseException as exc:  # keep the training alive; close() reports it
+                self.error = exc
+                return
             if closing:
                 return
 
-    def _commit(self, batch: list[QueuedItem]) -> None:
-        started = time.perf_counter()
+    def _packed(self, batch: list[QueuedItem]) -> list[QueuedItem]:
+        """``batch`` with its deferred GPU records packed (waiting, without the GIL, for their
+        device results)."""
         deferred = [
             k for k, (db, _, value) in enumerate(batch) if db == "ops" and type(value) is not bytes
         ]
-        if deferred:
-            if self.pack_deferred is None:
-                raise RuntimeError("a deferred record, but no pack_deferred to pack it")
-            packed = self.pack_deferred([batch[k][2] for k in deferred])
-            for k, value in zip(deferred, packed, strict=True):
-                batch[k] = ("ops", batch[k][1], value)
+        if not deferred:
+            return batch
+        if self.pack_deferred is None:
+            raise RuntimeError("a deferred record, but no pack_deferred to pack it")
+        started = time.perf_counter()
+        packed = self.pack_deferred([batch[k][2] for k in deferred])
+        for k, value in zip(deferred, packed, strict=True):
+            batch[k] = ("ops", batch[k][1], value)
+        self.busy_seconds += time.perf_counter() - started
+        return batch
+
+    def _commit(self, batch: list[QueuedItem]) -> None:
+        """Writes ``batch`` (its GPU records packed) in one transaction."""
+        self._written_at = time.monotonic()
+        if not batch:
+            return
+        started = time.perf_counter()
         by_db: dict[str, list[tuple[bytes, bytes]]] = {}
         for db, key, value in batch:
             if db in ("ops", "kernels"):  # packed by append() or above, or by poll_kernels
@@ -189,12 +229,8 @@ class TraceWriter:
             try:
                 with self._env.begin(write=True) as txn:
                     for db, items in by_db.items():
-                        if db == "kernels":  # may extend what an earlier batch wrote
-                            for key, value in items:
-                                old = txn.get(key, db=self._dbs[db])
-                                if old is not None:
-                                    value = packb(msgpack.unpackb(old) + msgpack.unpackb(value))
-                                txn.put(key, value, db=self._dbs[db])
+                        if db == "kernels":
+                            self._put_kernels(txn, items)
                             continue
                         with txn.cursor(db=self._dbs[db]) as cursor:
                             cursor.putmulti(items, append=(db != "info"))
@@ -204,6 +240,25 @@ class TraceWriter:
         self.records_written += len(by_db.get("ops", ()))
         self.bytes_written += sum(len(v) for items in by_db.values() for _, v in items)
         self.busy_seconds += time.perf_counter() - started
+
+    def _put_kernels(self, txn: lmdb.Transaction, items: list[tuple[bytes, bytes]]) -> None:
+        """Stores ops' GPU activity (keys in order). An op's activity can arrive over two
+        drains, so entries at or below the last key written extend what is there; those above
+        it are new and go in with one call."""
+        db = self._dbs["kernels"]
+        last = self._last_kernels_key
+        new = 0 if last is None else bisect.bisect_right([key for key, _ in items], last)
+        for key, value in items[:new]:
+            old = txn.get(key, db=db)
+            if old is not None:
+                value = packb(msgpack.unpackb(old) + msgpack.unpackb(value))
+            txn.put(key, value, db=db)
+        if new < len(items):
+            with txn.cursor(db=db) as cursor:
+                added = cursor.putmulti(items[new:], append=True)[1]
+            if added != len(items) - new:  # keys out of order: MDB_APPEND skips those
+                raise RuntimeError("GPU activity drained out of op order")
+            self._last_kernels_key = items[-1][0]
 
     def _kernel_items(self, final: bool) -> list[QueuedItem]:
         if self.poll_kernels is None:
@@ -243,11 +298,11 @@ class TraceWriter:
         self._closing = True
         self._wake.set()
         self._thread.join()
-        batch = self._take_pending()
+        batch, self._held = self._held + self._take_pending(), []
         end = ("info", b"end", {**end_info, "ended": time.time()})
         if self.error is None:
             try:
-                batch += self._kernel_items(final=True)
+                batch = self._packed(batch) + self._kernel_items(final=True)
                 self._commit([*batch, end])
             except BaseException as exc:
                 self.error = exc
