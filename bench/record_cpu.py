@@ -148,12 +148,10 @@ class Result:
 def _drain(session: opguard.recorder.RecordingSession, ops: int) -> None:
     """Waits until the writer has committed ``ops`` records."""
     writer = session.writer
-    wake = getattr(writer, "_wake", None)
     while writer.records_written < ops:
         if writer.error is not None:
             raise RuntimeError(f"trace writer failed: {writer.error}")
-        if wake is not None:
-            wake.set()
+        writer.wake()  # write now, not at the next flush interval
         time.sleep(0.0005)
 
 
