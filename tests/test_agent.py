@@ -161,6 +161,11 @@ FACTS = {
     "logging": ["verdict: identical", "only in B"],
     "refactor": ["verdict: identical"],
     "gpt2_eps": ["argument eps: 1e-05 (A) vs 1e-06 (B)", "reached from gpt2_base.py"],
+    "item_log": ["verdict: identical"],
+    "stats_twice": ["verdict: identical"],
+    "peaks_3": ["verdict: identical"],
+    "reorder_2": ["verdict: identical"],
+    "deeper": ["op only in run B feeds the divergence", "h = torch.relu(self.fc2(h))"],
 }
 
 

@@ -258,6 +258,44 @@ def test_refactor_that_keeps_numerics_is_identical(runs: Recordings) -> None:
     assert result["unaligned_b"] > 0  # the multiplications by 1.0 and their gradients
 
 
+# -- 9. ties between equally long alignments, settled by data flow -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("base", "item_log"),  # two .item() calls on one log line where A has one
+        ("stats_once", "stats_twice"),  # a helper called twice at one call site, once in A
+        ("stats_twice", "stats_once"),
+        ("peaks_2", "peaks_3"),  # a loop with one more iteration, at its start
+        ("peaks_3", "peaks_2"),
+        ("reorder_1", "reorder_2"),  # two independent statistics in the other order
+    ],
+)
+def test_ties_settled_by_data_flow_stay_identical(runs: Recordings, a: str, b: str) -> None:
+    """Keys alone cannot say which of two equal-keyed ops of one run corresponds to the other
+    run's single op: the pairing whose inputs agree does, and nothing else differs."""
+    code, result = diff(*runs(a, b))
+    identical(code, result)
+    # Every op of the run with fewer ops found its partner: the extra ops are unaligned.
+    fewer, more = sorted((result["unaligned_a"], result["unaligned_b"]))
+    if (a, b) != ("reorder_1", "reorder_2"):
+        assert fewer == 0 and more > 0
+
+
+def test_loop_with_a_real_extra_iteration_names_it(runs: Recordings) -> None:
+    """A loop that runs its body once more in B and changes the numbers: the extra iteration is
+    named (the tie settling never moves a real difference)."""
+    a, b = runs("base", "deeper")
+    variant = SCENARIOS / "variant_deeper.py"
+    first = diverged(*diff(a, b))
+    assert first["step"] == 0
+    assert (first["kind"], first["cause"]) == ("structure", "inserted")
+    assert first["a"] is None and first["b"]["op"] == "aten::relu.default"
+    assert_site(first["b"], variant, "relu")
+    assert_site(first["observed"]["a"], BASE, "head")
+
+
 # -- narrowing, exit codes, the human report, runs of different lengths ------------------------------
 
 

@@ -18,8 +18,9 @@ import tokenize
 from collections.abc import Sequence
 
 from ..store import CallSite, RankTrace
-from .keys import LEVELS, KeyTable, LightOp, LightReader, NonfiniteSink
+from .keys import LEVELS, KeyTable, LightOp, LightReader, NonfiniteSink, OpColumns
 from .myers import Run, TooManyEdits, matching_runs, runs_of
+from .ties import Fetch, settle
 
 MAX_EDITS = 2000  # per gap and level; beyond this a windowed greedy matching takes over
 GREEDY_WINDOW = 64
@@ -66,11 +67,28 @@ class AlignReader(LightReader):
         self._sites = {ident: site_key(site) for ident, site in trace.sites.items()}
 
 
-def align(a: Sequence[LightOp], b: Sequence[LightOp]) -> list[tuple[int, int]]:
-    """Matched (position in a, position in b) pairs, increasing in both."""
-    levels_a = [[op.keys[level] for op in a] for level in range(LEVELS)]
-    levels_b = [[op.keys[level] for op in b] for level in range(LEVELS)]
-    return pairs_of(align_keys(levels_a, levels_b))
+def records_of(trace_a: RankTrace, trace_b: RankTrace) -> Fetch:
+    """A :data:`~.ties.Fetch` over two traces: run A is side 0, run B side 1."""
+    traces = (trace_a, trace_b)
+    return lambda side, index: traces[side].op(index)
+
+
+def columns_of(ops: Sequence[LightOp]) -> OpColumns:
+    """Light ops of one step as the columns :func:`align_step` reads."""
+    return OpColumns(
+        ops[0].step if ops else 0,
+        [op.index for op in ops],
+        tuple([op.keys[level] for op in ops] for level in range(LEVELS)),
+        [op.outputs for op in ops],
+    )
+
+
+def align_step(ops_a: OpColumns, ops_b: OpColumns, fetch: Fetch) -> list[Run]:
+    """The aligned pairs of one step of two runs, as runs: keys first (:func:`align_keys`),
+    then ties between equally long alignments settled by data flow (:mod:`.ties`, which
+    decodes records through ``fetch`` only where a tie hides a difference). Every view of
+    the alignment (the diff's walk, the TUI's rows, an op's partner) comes from here."""
+    return settle(align_keys(ops_a.keys, ops_b.keys), ops_a, ops_b, fetch)
 
 
 def align_keys(a: Levels, b: Levels) -> list[Run]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..store import RankTrace, Run, TraceError
-from .align import AlignReader, align_keys
+from .align import AlignReader, align_step, records_of
 from .compilation import known_difference
 from .divergence import Divergence, Explainer
 from .keys import KeyTable, LightReader, OpColumns
@@ -111,6 +111,7 @@ class _StepAlignments:
 
     def __init__(self, reader_a: LightReader, reader_b: LightReader) -> None:
         self._readers = (reader_a, reader_b)
+        self._fetch = records_of(reader_a.trace, reader_b.trace)
         self._ranges: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}
         self._cache: OrderedDict[int, _StepPairs] = OrderedDict()
 
@@ -153,9 +154,8 @@ class _StepAlignments:
             (alo, ahi), (blo, bhi) = self._ranges[step]
             ra, rb = self._readers
             ops_a, ops_b = ra.read(alo, ahi), rb.read(blo, bhi)
-            pairs = self._remember(
-                step, _StepPairs(ops_a.index, ops_b.index, align_keys(ops_a.keys, ops_b.keys))
-            )
+            runs = align_step(ops_a, ops_b, self._fetch)
+            pairs = self._remember(step, _StepPairs(ops_a.index, ops_b.index, runs))
         return pairs.maps()
 
 
@@ -245,7 +245,7 @@ def _compare_step(
     Ops are visited in execution order of both runs (as :func:`~.align.merge` interleaves
     them: the unaligned ops of A, then of B, before each aligned pair), a run of aligned pairs
     at a time: its outputs are compared as slices, and one by one only when they differ."""
-    runs = align_keys(ops_a.keys, ops_b.keys)
+    runs = align_step(ops_a, ops_b, records_of(explainer.trace_a, explainer.trace_b))
     alignments.add(step, ops_a, ops_b, runs)
     n_a, n_b = len(ops_a), len(ops_b)
     # Unaligned ops are counted before these positions: past the last aligned pair when cut.
@@ -425,5 +425,7 @@ def aligned_index(trace_a: RankTrace, trace_b: RankTrace, index_a: int) -> int |
     ops_a, ops_b = found
     if ops_a is None or ops_b is None:
         return None
-    pairs = _StepPairs(ops_a.index, ops_b.index, align_keys(ops_a.keys, ops_b.keys))
+    pairs = _StepPairs(
+        ops_a.index, ops_b.index, align_step(ops_a, ops_b, records_of(trace_a, trace_b))
+    )
     return pairs.maps()[0].get(index_a)

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..store import CallSite, RankTrace
 from ..store.records import UNKNOWN_SITE
-from .align import AlignReader, align, merge
+from .align import AlignReader, align_step, columns_of, merge, pairs_of, records_of
 from .diff import RankDiff, StepSummary
 from .keys import KeyTable, LightOp
 from .steps import StepIndex
@@ -94,6 +94,7 @@ class RankRows:
     def __init__(self, trace_a: RankTrace, trace_b: RankTrace) -> None:
         table = KeyTable()
         self._lines = (_Lines(trace_a, table), _Lines(trace_b, table))
+        self._fetch = records_of(trace_a, trace_b)
         self.index = (StepIndex(trace_a), StepIndex(trace_b))
         self.steps: Sequence[int] = sorted(
             {r.step for r in self.index[0].ranges} | {r.step for r in self.index[1].ranges}
@@ -129,7 +130,8 @@ class RankRows:
             sides.append(lines.read(span.start, span.stop) if span else ([], []))
         (light_a, line_a), (light_b, line_b) = sides
         rows = []
-        for i, j in merge(len(light_a), len(light_b), align(light_a, light_b)):
+        runs = align_step(columns_of(light_a), columns_of(light_b), self._fetch)
+        for i, j in merge(len(light_a), len(light_b), pairs_of(runs)):
             if i is not None and j is not None:
                 equal = light_a[i].outputs == light_b[j].outputs
                 rows.append(Row(line_a[i], line_b[j], Status.EQUAL if equal else Status.DIFFERING))
