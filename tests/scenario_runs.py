@@ -40,6 +40,10 @@ VARIANTS = (  # variant_NAME.py: base.py with one change
     "reorder_1",
     "reorder_2",
     "deeper",
+    # differences every reader absorbs (opguard/analysis/reach.py)
+    "workspace",
+    "workspace_ballast",
+    "workspace_ballast_lr",
 )
 # name -> (script, extra `opguard record` options). "rerun" is the baseline recorded again.
 RECORDINGS: dict[str, tuple[Path, tuple[str, ...]]] = {
@@ -67,7 +71,13 @@ SCRIPT_ARGS: dict[str, tuple[str, ...]] = {
     "eager_numpy_verified": ("--numpy-write",),
 }
 # Variants compared with each other rather than with base.py (the second of each pair).
-BETWEEN_VARIANTS = {"stats_twice": "stats_once", "peaks_3": "peaks_2", "reorder_2": "reorder_1"}
+BETWEEN_VARIANTS = {
+    "stats_twice": "stats_once",
+    "peaks_3": "peaks_2",
+    "reorder_2": "reorder_1",
+    "workspace_ballast": "workspace",
+    "workspace_ballast_lr": "workspace",
+}
 # Every scenario pair: each variant against its baseline, and the baseline against itself.
 PAIRS: tuple[tuple[str, str], ...] = (
     ("base", "rerun"),

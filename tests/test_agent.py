@@ -166,6 +166,8 @@ FACTS = {
     "peaks_3": ["verdict: identical"],
     "reorder_2": ["verdict: identical"],
     "deeper": ["op only in run B feeds the divergence", "h = torch.relu(self.fc2(h))"],
+    "workspace_ballast": ["verdict: identical"],
+    "workspace_ballast_lr": ["argument alpha: -0.1 (A) vs -0.2 (B)", "optimizer"],
 }
 
 

@@ -296,6 +296,34 @@ def test_loop_with_a_real_extra_iteration_names_it(runs: Recordings) -> None:
     assert_site(first["observed"]["a"], BASE, "head")
 
 
+# -- 10. a difference every reader absorbs is not the first divergence --------------------------
+
+
+def test_unwritten_workspace_read_and_ignored_is_identical(runs: Recordings) -> None:
+    """A custom op returns a workspace it never writes; run B's allocation history leaves other
+    bits there; the op that reads it ignores them. Noted as absorbed, not a divergence."""
+    a, b = runs("workspace", "workspace_ballast")
+    code, result = diff(a, b)
+    identical(code, result)
+    rank = result["ranks"][0]
+    assert rank["absorbed_count"] == 4  # the workspace of every step's log line
+    absorbed = rank["absorbed"][0]
+    assert absorbed["op"] == "scenario::normalized.default" and absorbed["slots"] == ["1"]
+    assert len(absorbed["readers"]) == 1  # scenario::peak, whose output agrees
+    assert any(n.startswith("absorbed: scenario::normalized") for n in result["notes"])
+    assert [s["absorbed"] for s in rank["steps"][:4]] == [1, 1, 1, 1]
+
+
+def test_real_difference_after_an_absorbed_one_is_named(runs: Recordings) -> None:
+    a, b = runs("workspace", "workspace_ballast_lr")
+    first = diverged(*diff(a, b))
+    assert (first["kind"], first["step"]) == ("argument", 0)
+    assert arguments(first) == {"alpha": (-0.1, -0.2)}
+    assert_site(first["a"], SCENARIOS / "variant_workspace.py", "opt.step")
+    report = run_cli("diff", str(a), str(b)).stdout
+    assert "absorbed: scenario::normalized" in report
+
+
 # -- narrowing, exit codes, the human report, runs of different lengths ------------------------------
 
 

@@ -106,9 +106,12 @@ def rank_json(r: RankDiff) -> dict[str, Any]:
                 "unaligned_a": s.only_a,
                 "unaligned_b": s.only_b,
                 "differing": s.differing,
+                "absorbed": s.absorbed,
             }
             for s in r.steps
         ],
+        "absorbed": [a.to_json() for a in r.absorbed],
+        "absorbed_count": r.absorbed_count,
         "notes": r.notes,
         **_role_json(r),
     }

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..store import RankTrace, Run, TraceError
-from .align import AlignReader, align_step, records_of
+from .align import AlignReader, align_step, pairs_of, records_of
 from .compilation import known_difference
 from .divergence import Divergence, Explainer
 from .keys import KeyTable, LightReader, OpColumns
 from .myers import Run as MatchRun
 from .nonfinite import Nonfinite, NonfiniteWatch, resolve
+from .reach import ABSORBED_SHOWN, Absorbed, Reach
 from .roles import ORIGIN, Role, role_of
 
 UNALIGNED_EXAMPLES = 5
@@ -38,6 +39,7 @@ class StepSummary:
     only_a: int = 0
     only_b: int = 0
     differing: int = 0  # aligned pairs whose outputs differ
+    absorbed: int = 0  # of the others, pairs whose difference no reader saw (see .reach)
 
 
 @dataclass
@@ -49,6 +51,9 @@ class RankDiff:
     only_a: int = 0
     only_b: int = 0
     differing: int = 0
+    # Differences judged before the first divergence that reached nothing (the first few).
+    absorbed: list[Absorbed] = field(default_factory=list)
+    absorbed_count: int = 0
     steps: list[StepSummary] = field(default_factory=list)
     unaligned_a: list[int] = field(default_factory=list)  # first few op indices only in A
     unaligned_b: list[int] = field(default_factory=list)
@@ -212,6 +217,10 @@ def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None
         result.nonfinite_a = resolve(trace_a, watches[0])
         result.nonfinite_b = resolve(trace_b, watches[1])
         result.nonfinite_scanned = True
+    result.notes.extend(absorbed.text() for absorbed in result.absorbed)
+    if result.absorbed_count > len(result.absorbed):
+        more = result.absorbed_count - len(result.absorbed)
+        result.notes.append(f"absorbed: {more} more difference(s) that no reader saw")
     for name, trace in (("A", trace_a), ("B", trace_b)):
         if not trace.finished:
             result.notes.append(
@@ -254,6 +263,8 @@ def _compare_step(
     stop_b = last_j + last_n if cut_b else n_b
     summary = StepSummary(step)
     out_a, out_b = ops_a.outputs, ops_b.outputs
+    traces = (explainer.trace_a, explainer.trace_b)
+    reach: Reach | None = None  # made when a difference is first judged in this step
     prev_i = prev_j = 0
     for i, j, n in [*runs, (n_a, n_b, 0)]:
         if i > prev_i:
@@ -264,19 +275,37 @@ def _compare_step(
             summary.aligned += n
             if out_a[i : i + n] != out_b[j : j + n]:
                 for k in range(n):
-                    if out_a[i + k] != out_b[j + k]:
-                        summary.differing += 1
-                        if result.first is None:
-                            result.first = explainer.explain(
-                                explainer.trace_a.op(ops_a.index[i + k]),
-                                explainer.trace_b.op(ops_b.index[j + k]),
-                            )
+                    if out_a[i + k] == out_b[j + k]:
+                        continue
+                    if result.first is None:
+                        op_a, op_b = (
+                            t.op(o.index[p])
+                            for t, o, p in zip(traces, (ops_a, ops_b), (i + k, j + k), strict=True)
+                        )
+                        if reach is None:
+                            reach = Reach(traces, (ops_a, ops_b), dict(pairs_of(runs)))
+                        absorbed = reach.absorbed(i + k, j + k, op_a, op_b)
+                        if absorbed is not None:
+                            summary.absorbed += 1
+                            _note_absorbed(result, explainer, absorbed)
+                            continue
+                        result.first = explainer.explain(op_a, op_b)
+                    summary.differing += 1
         prev_i, prev_j = i + n, j + n
     result.steps.append(summary)
     result.aligned += summary.aligned
     result.only_a += summary.only_a
     result.only_b += summary.only_b
     result.differing += summary.differing
+
+
+def _note_absorbed(result: RankDiff, explainer: Explainer, absorbed: Absorbed) -> None:
+    """Keeps an absorbed difference for the report, and tells the explainer, so that a later
+    divergence is not traced back through it."""
+    result.absorbed_count += 1
+    if len(result.absorbed) < ABSORBED_SHOWN:
+        result.absorbed.append(absorbed)
+    explainer.absorb(absorbed)
 
 
 def _unaligned(examples: list[int], index: list[int], lo: int, hi: int) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..store import OpRecord, RankTrace, TensorRecord, schema
+from .reach import Absorbed
 
 MAX_CHAIN = 64
 
@@ -198,6 +199,15 @@ class Explainer:
         self.trace_a = trace_a
         self.trace_b = trace_b
         self.alignment = alignment
+        # Outputs whose difference reached nothing (.reach): (op index in A, in B, slot).
+        self._absorbed: set[tuple[int, int, int]] = set()
+
+    def absorb(self, absorbed: Absorbed) -> None:
+        """Notes a difference that reached nothing: an input read from it does not explain a
+        later divergence."""
+        for slot, tensor in enumerate(absorbed.a.outputs):
+            if tensor.slot in absorbed.slots:
+                self._absorbed.add((absorbed.a.index, absorbed.b.index, slot))
 
     def explain(self, op_a: OpRecord, op_b: OpRecord) -> Divergence:
         inputs, unwritten, arguments, rng = self._assess(op_a, op_b)
@@ -252,6 +262,8 @@ class Explainer:
         inputs: list[TensorDiff] = []
         unwritten: list[TensorDiff] = []
         for d in differing_tensors(a.inputs, b.inputs):
+            if self._was_absorbed(d):
+                continue
             never_written = (
                 d.a is not None
                 and d.b is not None
@@ -261,6 +273,11 @@ class Explainer:
             )
             (unwritten if never_written else inputs).append(d)
         return inputs, unwritten, differing_arguments(a, b), a.rng != b.rng
+
+    def _was_absorbed(self, d: TensorDiff) -> bool:
+        pa = d.a.producer if d.a is not None else None
+        pb = d.b.producer if d.b is not None else None
+        return pa is not None and pb is not None and (pa[0], pb[0], pa[1]) in self._absorbed
 
     def _settle(
         self, div: Divergence, op_a: OpRecord, op_b: OpRecord, unwritten: list[TensorDiff]

@@ -10,6 +10,7 @@ the scanner, are decoded in Python into the same values.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import pairwise
@@ -85,6 +86,11 @@ class OpColumns:
 
     def __len__(self) -> int:
         return len(self.index)
+
+    def position(self, op: int) -> int | None:
+        """Where op index ``op`` lies in these (increasing) columns, if it does."""
+        found = bisect_left(self.index, op)
+        return found if found < len(self.index) and self.index[found] == op else None
 
     def extend(self, other: OpColumns) -> None:
         self.index += other.index

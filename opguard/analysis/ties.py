@@ -19,9 +19,10 @@ agree and stays local on runs that do not.
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import accumulate
 
 from ..store import OpRecord
 from .keys import LEVELS, OpColumns
@@ -54,11 +55,10 @@ class _Region:
 def settle(runs: list[Run], ops_a: OpColumns, ops_b: OpColumns, fetch: Fetch) -> list[Run]:
     """``runs`` (the aligned pairs of one step, as runs) with every tied region re-aligned by
     data flow; ``fetch`` decodes an op's record when a region needs it."""
-    pairs = [(i + k, j + k) for i, j, n in runs for k in range(n)]
-    regions = _tied_regions(pairs, ops_a, ops_b)
+    regions = _tied_regions(runs, ops_a, ops_b)
     if not regions:
         return runs
-    flow = _Flow(ops_a, ops_b, fetch, dict(pairs))
+    flow = _Flow(ops_a, ops_b, fetch, {i + k: j + k for i, j, n in runs for k in range(n)})
     budget = MAX_RECORDS
     for region in regions:
         size = (region.a1 - region.a0) + (region.b1 - region.b0)
@@ -69,32 +69,42 @@ def settle(runs: list[Run], ops_a: OpColumns, ops_b: OpColumns, fetch: Fetch) ->
     return runs_of(sorted(flow.settled.items()))
 
 
-def _tied_regions(
-    pairs: list[tuple[int, int]], ops_a: OpColumns, ops_b: OpColumns
-) -> list[_Region]:
+def _tied_regions(runs: list[Run], ops_a: OpColumns, ops_b: OpColumns) -> list[_Region]:
     """Each gap of unaligned ops, widened over the neighbouring aligned pairs whose key recurs
     in the gap, when the widened region holds a pair whose outputs differ. Keys are compared
-    at the loosest level at which the pairs beside the gap were matched."""
+    at the loosest level at which the pairs beside the gap were matched. Gaps lie only
+    between runs, so a step without unaligned ops costs nothing here."""
     out_a, out_b = ops_a.outputs, ops_b.outputs
-    bounds = [(-1, -1), *pairs, (len(ops_a), len(ops_b))]
-    inner = range(1, len(bounds) - 1)  # the real pairs of ``bounds``
+    starts = list(accumulate((n for _, _, n in runs), initial=0))  # pair number of each run
+    total = starts[-1]
+
+    def pair(p: int) -> tuple[int, int]:
+        """Pair number ``p``; before the first, (-1, -1); after the last, the ends."""
+        if p < 0:
+            return (-1, -1)
+        if p >= total:
+            return (len(ops_a), len(ops_b))
+        t = bisect_right(starts, p) - 1
+        i, j, _ = runs[t]
+        return (i + p - starts[t], j + p - starts[t])
+
     regions: list[_Region] = []
-    for t in range(1, len(bounds)):
-        (pi, pj), (ni, nj) = bounds[t - 1], bounds[t]
+    for t in starts:  # the gap, if any, before pair t
+        (pi, pj), (ni, nj) = pair(t - 1), pair(t)
         if ni - pi == 1 and nj - pj == 1:
-            continue  # no gap between these pairs
-        level = max(_level(ops_a, ops_b, *bounds[k]) for k in (t - 1, t) if k in inner)
+            continue
+        level = max(_level(ops_a, ops_b, *pair(k)) for k in (t - 1, t) if 0 <= k < total)
         key_a, key_b = ops_a.keys[level], ops_b.keys[level]
         gap = {key_a[i] for i in range(pi + 1, ni)} | {key_b[j] for j in range(pj + 1, nj)}
-        lo = t - 1  # widened backwards over the pairs bounds[lo] whose key recurs in the gap
-        while lo in inner and key_a[bounds[lo][0]] in gap and t - lo <= MAX_REGION:
+        lo = t - 1  # widened backwards over the pairs whose key recurs in the gap
+        while lo >= 0 and key_a[pair(lo)[0]] in gap and t - lo <= MAX_REGION:
             lo -= 1
         hi = t  # and forwards
-        while hi in inner and key_a[bounds[hi][0]] in gap and hi - t <= MAX_REGION:
+        while hi < total and key_a[pair(hi)[0]] in gap and hi - t <= MAX_REGION:
             hi += 1
-        if not any(out_a[i] != out_b[j] for i, j in bounds[lo + 1 : hi]):
+        if all(out_a[i] == out_b[j] for i, j in map(pair, range(lo + 1, hi))):
             continue
-        (a0, b0), (a1, b1) = bounds[lo], bounds[hi]
+        (a0, b0), (a1, b1) = pair(lo), pair(hi)
         region = _Region(a0 + 1, a1, b0 + 1, b1, level)
         if regions and regions[-1].a1 > region.a0:  # overlapping: one region
             last = regions.pop()
@@ -206,15 +216,9 @@ class _Flow:
         if pa is None or pb is None:
             return -1
         (ops_a, ops_b), region = self.ops, self._region
-        ia, ib = _position(ops_a.index, pa[0]), _position(ops_b.index, pb[0])
+        ia, ib = ops_a.position(pa[0]), ops_b.position(pb[0])
         if ia is None or ib is None:
             return 0
         if region.a0 <= ia < region.a1 or region.b0 <= ib < region.b1:
             return 0
         return 1 if pa[1] == pb[1] and self.settled.get(ia) == ib else -1
-
-
-def _position(index: Sequence[int], op: int) -> int | None:
-    """Where op ``op`` lies in a step's (increasing) index column, if it does."""
-    position = bisect_left(index, op)
-    return position if position < len(index) and index[position] == op else None

@@ -39,9 +39,7 @@ def main() -> None:
         spread = logits.detach().std()  # CHANGED
         level = logits.detach().abs().mean()  # CHANGED
         opt.step()  # <- opt.step
-        print(
-            f"step {step} loss {loss.item():.6f} {spread.item():.4f} {level.item():.4f}"
-        )  # CHANGED
+        print(f"step {step} {loss.item():.6f} {spread.item():.4f} {level.item():.4f}")  # CHANGED
 
 
 if __name__ == "__main__":
