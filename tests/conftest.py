@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -15,6 +16,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def line_of(script: Path, tag: str) -> int:
+    """The line of ``script`` tagged ``# <- TAG``."""
+    pattern = re.compile(rf"#\s*<-\s*{re.escape(tag)}(\s|$)")
+    lines = [n for n, text in enumerate(script.read_text().splitlines(), 1) if pattern.search(text)]
+    assert len(lines) == 1, f"{script.name}: tag {tag!r} on lines {lines}"
+    return lines[0]
 
 
 def opguard_cmd(*args: str) -> list[str]:

@@ -13,6 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import line_of  # noqa: E402
+
 from opguard import _C  # noqa: E402
 from opguard.recorder.tensors import PendingFields, fingerprint_fields  # noqa: E402
 
@@ -369,3 +371,40 @@ def test_gpu_gemm_replays_bit_for_bit(tmp_path: Path) -> None:
         report = json.loads(replay.stdout)
         assert report["deterministic"] and report["matches_a"], report
         assert report["suspect_devices"] == []
+
+
+def _attention_runs(tmp_path: Path, *names: str) -> dict[str, Path]:
+    """``attention_adamw.py`` recorded under each ``optimizer[-ballast]`` name."""
+    runs = {}
+    for name in names:
+        optimizer, _, ballast = name.partition("-")
+        _record(
+            "attention_adamw.py", tmp_path / name, optimizer, *(["--ballast"] if ballast else [])
+        )
+        runs[name] = tmp_path / name
+    return runs
+
+
+def test_unwritten_attention_scalars_are_absorbed(tmp_path: Path) -> None:
+    """Memory-efficient attention returns its philox seed and offset unwritten when dropout is
+    off; another allocation history leaves other bits there. The backward ignores them: the
+    runs are identical, the scalars a note. A rerun is identical too."""
+    runs = _attention_runs(tmp_path, "foreach", "foreach-ballast", "foreach-rerun")
+    report = _diff(runs["foreach"], runs["foreach-ballast"])
+    assert report["verdict"] == "identical", report["first_divergence"]
+    rank = report["ranks"][0]
+    assert rank["absorbed_count"] > 0
+    assert all("efficient_attention" in a["op"] for a in rank["absorbed"]), rank["absorbed"]
+    assert _diff(runs["foreach"], runs["foreach-rerun"])["verdict"] == "identical"
+
+
+def test_fused_against_foreach_adamw_names_the_optimizer_step(tmp_path: Path) -> None:
+    """The fused and foreach AdamW kernels round differently; the attention scalars that differ
+    before them (other allocation histories) are absorbed, and the optimizer step is named."""
+    runs = _attention_runs(tmp_path, "foreach", "fused")
+    first = _diff(runs["foreach"], runs["fused"])["first_divergence"]
+    assert first is not None and first["step"] == 0
+    named = first["a"] or first["b"]
+    assert named["phase"] == "optimizer", first
+    script = SCENARIOS / "attention_adamw.py"
+    assert named["call_site"]["line"] == line_of(script, "opt.step"), first

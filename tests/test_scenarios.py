@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli
+from conftest import line_of, run_cli
 from scenario_runs import BASE, GPT2_BASE, SCENARIOS, Recordings, session_recordings
 
 
@@ -33,14 +33,6 @@ def diff(a: Path, b: Path, *options: str) -> tuple[int, dict[str, Any]]:
     result = run_cli("diff", str(a), str(b), "--json", *options)
     assert result.returncode in (0, 1), result.stderr
     return result.returncode, json.loads(result.stdout)
-
-
-def line_of(script: Path, tag: str) -> int:
-    """The line of ``script`` tagged ``# <- TAG``."""
-    pattern = re.compile(rf"#\s*<-\s*{re.escape(tag)}(\s|$)")
-    lines = [n for n, text in enumerate(script.read_text().splitlines(), 1) if pattern.search(text)]
-    assert len(lines) == 1, f"{script.name}: tag {tag!r} on lines {lines}"
-    return lines[0]
 
 
 def assert_site(ref: dict[str, Any] | None, script: Path, tag: str) -> None:

@@ -55,7 +55,7 @@ class _Region:
 def settle(runs: list[Run], ops_a: OpColumns, ops_b: OpColumns, fetch: Fetch) -> list[Run]:
     """``runs`` (the aligned pairs of one step, as runs) with every tied region re-aligned by
     data flow; ``fetch`` decodes an op's record when a region needs it."""
-    regions = _tied_regions(runs, ops_a, ops_b)
+    regions = _tied_regions(runs, ops_a, ops_b) if runs else []
     if not regions:
         return runs
     flow = _Flow(ops_a, ops_b, fetch, {i + k: j + k for i, j, n in runs for k in range(n)})
