@@ -306,6 +306,24 @@ def test_unwritten_workspace_read_and_ignored_is_identical(runs: Recordings) -> 
     assert [s["absorbed"] for s in rank["steps"][:4]] == [1, 1, 1, 1]
 
 
+def test_absorbed_rows_are_marked_and_not_stepped_to(runs: Recordings) -> None:
+    """The op list (TUI, ``opguard ops``) marks the absorbed pair and passes it by."""
+    from opguard.analysis import diff_runs
+    from opguard.analysis.rows import RankRows, Side, Status
+    from opguard.store import Run
+
+    a, b = runs("workspace", "workspace_ballast")
+    with Run(a) as ra, Run(b) as rb:
+        rows = RankRows(ra.rank(0), rb.rank(0))
+        index = diff_runs(ra, rb).ranks[0].absorbed[0].a.index
+        assert rows.row_of(Side.A, index).status is Status.DIFFERING  # before the diff
+        rows.set_diff(diff_runs(ra, rb).ranks[0])
+        row = rows.row_of(Side.A, index)
+        assert row is not None and row.status is Status.ABSORBED
+        statuses = {r.status for step in rows.steps for r in rows.rows(step)}
+        assert Status.DIFFERING not in statuses and not Status.ABSORBED.differs
+
+
 def test_real_difference_after_an_absorbed_one_is_named(runs: Recordings) -> None:
     a, b = runs("workspace", "workspace_ballast_lr")
     first = diverged(*diff(a, b))

@@ -39,7 +39,13 @@ class StepSummary:
     only_a: int = 0
     only_b: int = 0
     differing: int = 0  # aligned pairs whose outputs differ
-    absorbed: int = 0  # of the others, pairs whose difference no reader saw (see .reach)
+    # Aligned pairs (op index in A, in B) whose difference no reader saw (.reach), judged
+    # before the first divergence: not counted in ``differing``.
+    absorbed_pairs: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def absorbed(self) -> int:
+        return len(self.absorbed_pairs)
 
 
 @dataclass
@@ -286,7 +292,7 @@ def _compare_step(
                             reach = Reach(traces, (ops_a, ops_b), dict(pairs_of(runs)))
                         absorbed = reach.absorbed(i + k, j + k, op_a, op_b)
                         if absorbed is not None:
-                            summary.absorbed += 1
+                            summary.absorbed_pairs.append((op_a.index, op_b.index))
                             _note_absorbed(result, explainer, absorbed)
                             continue
                         result.first = explainer.explain(op_a, op_b)

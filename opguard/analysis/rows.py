@@ -33,6 +33,12 @@ class Side(Enum):
 class Status(Enum):
     EQUAL = "equal"
     DIFFERING = "differing"
+    ABSORBED = "absorbed"  # differing, but no reader saw the difference (analysis.reach)
+
+    @property
+    def differs(self) -> bool:
+        """Whether the row is a difference a person steps to: an absorbed one is not."""
+        return self not in (Status.EQUAL, Status.ABSORBED)
     ONLY_A = "only in A"
     ONLY_B = "only in B"
 
@@ -129,12 +135,19 @@ class RankRows:
             span = index.get(step)
             sides.append(lines.read(span.start, span.stop) if span else ([], []))
         (light_a, line_a), (light_b, line_b) = sides
+        summary = self.summaries.get(step)
+        absorbed = set(summary.absorbed_pairs) if summary is not None else set()
+
+        def status(a: LightOp, b: LightOp) -> Status:
+            if a.outputs == b.outputs:
+                return Status.EQUAL
+            return Status.ABSORBED if (a.index, b.index) in absorbed else Status.DIFFERING
+
         rows = []
         runs = align_step(columns_of(light_a), columns_of(light_b), self._fetch)
         for i, j in merge(len(light_a), len(light_b), pairs_of(runs)):
             if i is not None and j is not None:
-                equal = light_a[i].outputs == light_b[j].outputs
-                rows.append(Row(line_a[i], line_b[j], Status.EQUAL if equal else Status.DIFFERING))
+                rows.append(Row(line_a[i], line_b[j], status(light_a[i], light_b[j])))
             elif i is not None:
                 rows.append(Row(line_a[i], None, Status.ONLY_A))
             elif j is not None:
@@ -170,7 +183,10 @@ class RankRows:
         return bool(summary.differing or summary.only_a or summary.only_b)
 
     def set_diff(self, diff: RankDiff) -> None:
-        self.summaries = {s.step: s for s in diff.steps}
+        with self._lock:
+            self.summaries = {s.step: s for s in diff.steps}
+            if any(s.absorbed for s in diff.steps):
+                self._cache.clear()  # rows built before the diff did not know what it absorbed
         first = diff.first
         if first is None:
             return

@@ -17,7 +17,7 @@ from ..analysis import diff_runs
 from ..analysis.contract import to_json
 from ..analysis.divergence import differing_arguments, differing_tensors
 from ..analysis.lookup import input_tensor, source_around
-from ..analysis.rows import RankRows, Row, Side, Status
+from ..analysis.rows import RankRows, Row, Side
 from ..store import OpRecord, RankTrace, Run, TensorRecord
 from .registry import Pages, ToolError
 
@@ -98,8 +98,8 @@ def ops(args: dict[str, Any]) -> Pages:
         rows = list(pair.rows.rows(step))
     at = rows.index(focus)
     if args["changed"]:  # the page then starts at the first changed row from the op on
-        at = sum(1 for r in rows[:at] if r.status is not Status.EQUAL)
-        rows = [r for r in rows if r.status is not Status.EQUAL]
+        at = sum(1 for r in rows[:at] if r.status.differs)
+        rows = [r for r in rows if r.status.differs]
 
     def render(offset: int, limit: int) -> dict[str, Any]:
         return {

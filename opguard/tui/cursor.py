@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from ..analysis.rows import Row, Side, Status
+from ..analysis.rows import Row, Side
 
 VISIBLE_CACHE = 32
 LOCAL_STEPS = 2  # stepping over or out looks no further than the next step
@@ -60,7 +60,7 @@ class RowFilter:
         return self.hide_equal or self.files is not None
 
     def accepts(self, row: Row) -> bool:
-        if self.hide_equal and row.status is Status.EQUAL:
+        if self.hide_equal and not row.status.differs:
             return False
         if self.files is not None:
             file_a, file_b = self.files
@@ -232,7 +232,7 @@ class DebugCursor:
             return not self.source.may_differ(step)
 
         return self._scan(
-            lambda row: row.status is not Status.EQUAL, forward=forward, skip=equal_throughout
+            lambda row: row.status.differs, forward=forward, skip=equal_throughout
         )
 
     def find_over(self) -> Position | None:

@@ -29,6 +29,7 @@ QUIET_PREFIX, QUIET_SUFFIX = "aten::", ".default"
 _STATUS_TEXT = {
     Status.EQUAL: ("equal", "op-list--equal"),
     Status.DIFFERING: ("differs", "op-list--differing"),
+    Status.ABSORBED: ("absorbed", "op-list--equal"),
     Status.ONLY_A: ("only A", "op-list--only-a"),
     Status.ONLY_B: ("only B", "op-list--only-b"),
 }
