@@ -401,9 +401,12 @@ def test_triton_kernels_recorded_with_their_gpu_launches(tmp_path: Path) -> None
     assert kernels, "no Triton kernel recorded"
     launched = [k for op in kernels for k in op.kernels if k.get("k") == "kernel"]
     assert launched and any(k["n"].startswith("triton_") for k in launched)
+    assert all(op.origins for op in kernels)  # Triton kernels name their lines too
     first = diverged(*diff(tmp_path / "relu", tmp_path / "gelu"))
     assert first["cause"] == "replaced"
     assert "relu" in first["a"]["op"] and "gelu" in first["b"]["op"]
+    activation = (str(COMPILED.resolve()), line_of(COMPILED, "activation"), "forward")
+    assert activation in _origin_lines(first["b"])
 
 
 def test_a_region_does_not_keep_its_inputs_alive(tmp_path: Path) -> None:
