@@ -125,7 +125,7 @@ py::object CallRecorder::call(const OpPlan& plan, int64_t name_id, py::handle fu
   }
   try {
     finish(plan, walked.op, out, walked.written, name_id, walked.arguments, py::none(), false,
-           false, caller);
+           false, caller, py::none());
   } catch (...) {
     fail();
   }
@@ -135,7 +135,8 @@ py::object CallRecorder::call(const OpPlan& plan, int64_t name_id, py::handle fu
 py::object CallRecorder::finish(const OpPlan& plan, const std::shared_ptr<OpRecord>& op,
                                 py::handle out, const py::object& written, int64_t name_id,
                                 const py::object& arguments, const py::object& rng, bool in_flight,
-                                bool capturing, const py::object& caller) {
+                                bool capturing, const py::object& caller,
+                                const py::object& origins) {
   const int64_t index = next_index;
   py::object taken = plan.outputs(entries_, *op, out, written, index, in_flight, capturing);
   const Location where = locate(index, caller);
@@ -143,7 +144,7 @@ py::object CallRecorder::finish(const OpPlan& plan, const std::shared_ptr<OpReco
   py::object value = !out.is_none() && op->outputs.empty() ? plan.encode(out) : py::none();
   const auto step = steps_.attr(names().step).cast<int64_t>();
   py::object packed = op->finish(index, name_id, step, where.phase, where.forward, where.located,
-                                 arguments, rng, value);
+                                 arguments, rng, value, origins);
   if (packed.is_none()) {  // a GPU fingerprint is pending: the writer packs it once landed
     append_(index, py::cast(op));
     if (entries_.ring_load() > ring_drain_) make_room_();  // before launches wait for space
@@ -217,6 +218,7 @@ void bind_call_recorder(py::module_& m) {
       .def("finish", &CallRecorder::finish, py::arg("plan"), py::arg("op"), py::arg("out"),
            py::arg("written"), py::arg("name_id"), py::arg("arguments"), py::arg("rng"),
            py::arg("in_flight"), py::arg("capturing"), py::arg("caller"),
+           py::arg("origins") = py::none(),
            "Finishes and queues the record of op next_index; returns the outputs to capture "
            "when capturing.")
       .def("forward_site", &CallRecorder::forward_site, py::arg("sequence_nr"),

@@ -44,11 +44,13 @@ class CallRecorder {
 
   // Finishes op `next_index`, whose inputs `op` holds and which returned `out`: its outputs,
   // phase, call site and record, which is queued. The other fields are those of
-  // OpPlan::outputs and OpRecord::finish. Returns the outputs to capture when `capturing`.
+  // OpPlan::outputs and OpRecord::finish (`origins`: the call-site ids of the source lines a
+  // generated kernel came from). Returns the outputs to capture when `capturing`.
   pybind11::object finish(const OpPlan& plan, const std::shared_ptr<OpRecord>& op,
                           pybind11::handle out, const pybind11::object& written, int64_t name_id,
                           const pybind11::object& arguments, const pybind11::object& rng,
-                          bool in_flight, bool capturing, const pybind11::object& caller);
+                          bool in_flight, bool capturing, const pybind11::object& caller,
+                          const pybind11::object& origins);
 
   // (call site, stack) of the forward op an autograd node of this sequence number came
   // from, or None: a backward op's call site is its forward op's.

@@ -112,7 +112,7 @@ void OpRecord::resolve() {
 py::object OpRecord::finish(int64_t index, int64_t name_id, int64_t step, int64_t phase,
                             const py::object& forward, const py::object& located,
                             const py::object& arguments, const py::object& rng,
-                            const py::object& value) {
+                            const py::object& value, const py::object& origins) {
   head_.clear();
   MsgpackOut out(head_);
   out.str("i"), out.integer(index);
@@ -133,6 +133,7 @@ py::object OpRecord::finish(int64_t index, int64_t name_id, int64_t step, int64_
   if (!arguments.is_none() && py::len(arguments) > 0) field("a", arguments);
   if (!rng.is_none()) field("r", rng);
   if (!value.is_none()) field("v", value);
+  if (!origins.is_none() && py::len(origins) > 0) field("l", origins);
   drop_base();  // only the outputs needed it
   if (pending()) return py::none();
   return py::bytes(pack());

@@ -55,12 +55,13 @@ class OpRecord {
   // Waits for the GPU contents (without the GIL).
   void resolve();
   // Takes the rest of the record (keys of opguard/store/schema.py; None: absent) and returns
-  // the whole record packed, or None when it must wait for the GPU. `arguments`, `rng` and
-  // `value` hold None, bool, int, float, str, bytes, lists, tuples and dicts of them.
+  // the whole record packed, or None when it must wait for the GPU. `arguments`, `rng`,
+  // `value` and `origins` hold None, bool, int, float, str, bytes, lists, tuples and dicts of
+  // them.
   pybind11::object finish(int64_t index, int64_t name_id, int64_t step, int64_t phase,
                           const pybind11::object& forward, const pybind11::object& located,
                           const pybind11::object& arguments, const pybind11::object& rng,
-                          const pybind11::object& value);
+                          const pybind11::object& value, const pybind11::object& origins);
   // The packed record; its contents must be resolved.
   std::string pack() const;
   // Resolves and packs a batch of finished records, waiting for the GPU and packing without

@@ -579,6 +579,7 @@ OPS = st.fixed_dictionaries(
         "y": _near(st.lists(TENSORS, max_size=3)),
         "r": _near(st.integers(0, 2**64 - 1)),
         "v": VALUES,
+        "l": _near(st.lists(SMALL_INTS, max_size=3)),
     },
 )
 HYPOTHESIS = settings(

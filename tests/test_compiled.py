@@ -11,21 +11,35 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 from conftest import opguard_cmd, run_cli
+from rich.console import Console
 from scenario_runs import COMPILED, Recordings, session_recordings
 from test_scenarios import diff, diverged, identical, line_of
 from torch._dynamo.utils import counters
 
 import opguard
-from opguard.recorder.compiled import kernel_sources
+from opguard.agent.evidence import build_evidence
+from opguard.analysis import diff_runs
+from opguard.analysis.rows import OpLine, Row, Status
+from opguard.recorder import compiled as compiled_module
+from opguard.recorder.compiled import (
+    INDUCTOR_CONFIG,
+    CompileSettings,
+    kernel_launches,
+    kernel_sources,
+    user_origins,
+)
 from opguard.store import OpRecord, Run
+from opguard.tui.detail import Selection, render
 
 
 @pytest.fixture(scope="session")
@@ -148,6 +162,151 @@ def test_changed_activation_inside_the_compiled_region(runs: Recordings) -> None
     assert first["a"]["call_site"]["function"] == "forward"
 
 
+def _origin_lines(ref: dict[str, Any]) -> list[tuple[str, int, str]]:
+    return [
+        (str(Path(o["file"]).resolve()), o["line"], o["function"]) for o in ref.get("origins", [])
+    ]
+
+
+def test_changed_kernel_is_named_with_the_lines_it_was_made_from(runs: Recordings) -> None:
+    """The kernel's call site is where the compiled model was called; its origins name the
+    line of the model where the activation is written, in the JSON and the report."""
+    a, b = runs("compiled", "compiled_gelu")
+    first = diverged(*diff(a, b))
+    activation = (str(COMPILED.resolve()), line_of(COMPILED, "activation"), "forward")
+    assert "gelu" in first["b"]["op"] and "relu" in first["a"]["op"]
+    for side in ("a", "b"):
+        assert activation in _origin_lines(first[side]), first[side]
+        assert first[side]["call_site"]["line"] != activation[1]  # call_site stays the caller
+    (shown,) = [o for o in first["b"]["origins"] if o["line"] == activation[1]]
+    assert shown["source"] == "h = getattr(F, args.activation)(h)  # <- activation"
+    report = run_cli("diff", str(a), str(b))
+    assert report.returncode == 1
+    assert f"from: {COMPILED.resolve()}:{activation[1]} in forward" in report.stdout
+    assert f"{activation[1]} │ h = getattr(F, args.activation)(h)" in report.stdout
+
+
+def test_kernel_origins_in_the_detail_pane_and_the_evidence(runs: Recordings) -> None:
+    a, b = runs("compiled", "compiled_gelu")
+    line = line_of(COMPILED, "activation")
+    with Run(a) as ra, Run(b) as rb:
+        result = diff_runs(ra, rb)
+        first = result.first
+        assert first is not None and first.a is not None and first.b is not None
+        row = Row(
+            OpLine(first.a.index, first.a.op, first.a.call_site, 1),
+            OpLine(first.b.index, first.b.op, first.b.call_site, 1),
+            Status.DIFFERING,
+        )
+        traces = (ra.rank(0), rb.rank(0))
+        console = Console(width=160, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+        console.print(render(Selection.load(row, traces)))
+        pane = console.export_text()
+        evidence = build_evidence(result, ra, rb).text
+    assert f"A and B from tests/scenarios/compiled_model.py:{line} in forward" in pane, pane
+    assert f"from compiled_model.py:{line} (forward): h = getattr(F, args.activation)(h)" in (
+        evidence
+    )
+
+
+def test_every_recorded_kernel_names_its_origins(runs: Recordings) -> None:
+    """Forward and backward kernels alike: the user's lines of the model, never torch's."""
+    (compiled,) = runs("compiled")
+    kernels = [op for op in ops_of(compiled) if op.op.startswith("inductor::")]
+    assert kernels and all(op.origins for op in kernels)
+    files = {Path(site.file).resolve() for op in kernels for site in op.origins}
+    assert files == {COMPILED.resolve()}
+    backward = [op for op in kernels if op.phase == "backward"]
+    assert backward and all(
+        site.function == "forward" for op in backward for site in op.origins
+    )  # a backward kernel comes from the forward lines it differentiates
+
+
+def test_kernel_launches_reads_the_provenance_comments() -> None:
+    """Inductor names each launch's provenance key in a comment before it; one kernel can be
+    launched from several places (C++ by call, Triton by ``.run``)."""
+    wrapper = """
+cpp_fused_gelu_0 = async_compile.cpp_pybinding(['float*'], r'''...''')
+def call(self, args):
+        # [Provenance debug handles] extern_kernels.addmm:1
+        extern_kernels.addmm(a, b, c, out=buf0)
+        # [Provenance debug handles] cpp_fused_gelu_0:2
+        cpp_fused_gelu_0(buf0, buf1)
+        # [Provenance debug handles] triton_poi_fused_1:3
+        buf2 = empty()
+        triton_poi_fused_1.run(buf1, buf2, 16, stream=stream0)
+        # [Provenance debug handles] cpp_fused_gelu_0:4
+        cpp_fused_gelu_0(buf2, buf3)
+        not_cpp_fused_gelu_0(buf3)
+"""
+    launches = kernel_launches(wrapper)
+    assert launches["cpp_fused_gelu_0"] == {7: "cpp_fused_gelu_0:2", 12: "cpp_fused_gelu_0:4"}
+    assert launches["triton_poi_fused_1"] == {10: "triton_poi_fused_1:3"}
+    assert kernel_launches(wrapper.replace("Provenance", "Other")) == {}
+
+
+def test_user_origins_are_the_innermost_user_frames() -> None:
+    """Of each stack trace, the innermost frame in user code: a frame in torch (an
+    ``nn.GELU`` module's forward) is not the user's line."""
+    traces = {
+        "cpp_fused_gelu_0:2": [
+            '  File "/w/model.py", line 40, in forward\n    h = self.block(x)\n'
+            '  File "/w/model.py", line 12, in forward\n    return self.act(h)\n'
+            '  File "/torch/nn/modules/activation.py", line 734, in forward\n'
+            "    return F.gelu(input)\n",
+            '  File "/w/model.py", line 12, in forward\n    return self.act(h)\n',
+            '  File "/torch/nn/functional.py", line 9, in f\n    torch code\n',
+        ]
+    }
+    origins = user_origins(traces, lambda path: not path.startswith("/torch/"))
+    assert origins == {"cpp_fused_gelu_0:2": (("/w/model.py", 12, "forward"),)}
+
+
+def test_settings_keep_kernel_origins_unless_the_user_chose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Recording turns Inductor's provenance tracking on where it is off, leaves a level the
+    user set alone, and on a torch without the setting sets nothing."""
+    config = torch._inductor.config
+    for before, during in ((0, 2), (1, 1)):
+        monkeypatch.setattr(config.trace, "provenance_tracking_level", before)
+        settings = CompileSettings(eager=False)
+        settings.apply()
+        assert config.trace.provenance_tracking_level == during
+        settings.restore()
+        assert config.trace.provenance_tracking_level == before
+    older = ModuleType(INDUCTOR_CONFIG)
+    older.wrap_inductor_compiled_regions = False  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, INDUCTOR_CONFIG, older)
+    settings = CompileSettings(eager=False)
+    settings.apply()
+    assert vars(older).get("wrap_inductor_compiled_regions") is True
+    assert not hasattr(older, compiled_module.PROVENANCE)
+    settings.restore()
+
+
+def _sine(x: torch.Tensor) -> torch.Tensor:
+    return x.sin() + 1
+
+
+def test_without_provenance_kernels_are_recorded_without_origins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A torch whose Inductor keeps no provenance: kernels are recorded as before, without
+    origins, and recording reports no failure."""
+    monkeypatch.setattr(compiled_module, "PROVENANCE", "trace.no_such_setting")
+    torch._dynamo.reset()
+    compiled = torch.compile(_sine)
+    x = torch.randn(8)
+    with opguard.record(tmp_path / "run"):
+        recorded = compiled(x)
+    assert torch.equal(recorded, compiled(x))
+    kernels = [op for op in ops_of(tmp_path / "run") if op.op.startswith("inductor::")]
+    assert kernels and not any(op.origins for op in kernels)
+    with Run(tmp_path / "run") as run:
+        assert run.rank(0).failure is None
+
+
 def test_custom_op_whose_implementation_changed_is_named(runs: Recordings) -> None:
     """``opguard_tests::scale`` (a torch.library op, opaque to Inductor, called from inside the
     compiled region) computes x * 0.1 in one run and x / 10 in the other."""
@@ -242,9 +401,12 @@ def test_triton_kernels_recorded_with_their_gpu_launches(tmp_path: Path) -> None
     assert kernels, "no Triton kernel recorded"
     launched = [k for op in kernels for k in op.kernels if k.get("k") == "kernel"]
     assert launched and any(k["n"].startswith("triton_") for k in launched)
+    assert all(op.origins for op in kernels)  # Triton kernels name their lines too
     first = diverged(*diff(tmp_path / "relu", tmp_path / "gelu"))
     assert first["cause"] == "replaced"
     assert "relu" in first["a"]["op"] and "gelu" in first["b"]["op"]
+    activation = (str(COMPILED.resolve()), line_of(COMPILED, "activation"), "forward")
+    assert activation in _origin_lines(first["b"])
 
 
 def test_a_region_does_not_keep_its_inputs_alive(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from ..store import CallSite, OpRecord, TensorRecord
 VALUES_SHOWN = 4
 SOURCE_CONTEXT = 2  # lines on each side of a call line
 KERNELS_SHOWN = 4
+ORIGINS_SHOWN = 4  # source lines shown of a kernel Inductor generated
 KERNEL_NAME_CHARS = 100
 TEXT_CHARS = 100  # longest argument or metadata value shown
 
@@ -53,6 +54,18 @@ def source_rows(
 ) -> list[tuple[int, str]]:
     """The recorded source lines around the call line."""
     return kept_rows(site, before, after)
+
+
+def origin_lines(op: OpRecord) -> list[str]:
+    """For a kernel Inductor generated: the user's source lines it computes, one line each
+    (its call site is where the compiled code was called)."""
+    lines = [
+        f"  from {site.short()}: {site.source_line() or ''}".rstrip()
+        for site in op.origins[:ORIGINS_SHOWN]
+    ]
+    if len(op.origins) > ORIGINS_SHOWN:
+        lines.append(f"  … {len(op.origins) - ORIGINS_SHOWN} more source lines")
+    return lines
 
 
 def source_lines(rows: list[tuple[int, str]], marked: int) -> list[str]:
@@ -114,6 +127,7 @@ def op_detail(op: OpRecord) -> list[str]:
     """Everything a follow-up question may need about one op, compactly."""
     lines = [op_line(op)]
     lines += source_lines(source_rows(op.call_site), op.call_site.line)
+    lines += origin_lines(op)
     lines += [f"  arg {name} = {value_text(value)}" for name, value in op.args]
     if op.rng is not None:
         lines.append(f"  consumed RNG state {op.rng:016x}")

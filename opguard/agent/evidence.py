@@ -24,6 +24,7 @@ from .describe import (
     kernel_lines,
     op_label,
     op_line,
+    origin_lines,
     source_lines,
     source_rows,
     tensor_text,
@@ -131,7 +132,8 @@ def _pair(
     context: int,
 ) -> list[str]:
     """Both runs' op with ``context`` source lines around the call (B's only when its text
-    differs from A's), the script line it was reached from, and its kernels."""
+    differs from A's), the script line it was reached from, the lines a kernel Inductor
+    generated computes, and its kernels."""
     lines = [f"## {title}"]
     a = ops[0]
     for run, op, trace in zip("AB", ops, traces, strict=True):
@@ -149,6 +151,7 @@ def _pair(
         else:
             lines += source_lines(rows, op.call_site.line)
             lines += _reached_from(op, trace) if context else []
+        lines += origin_lines(op)
         lines += [f"  kernel {k}" for k in kernel_lines(op)]
     return lines
 

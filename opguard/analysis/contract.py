@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..store import OpRecord
+from ..store import CallSite, OpRecord
 from .compilation import compile_modes
 from .diff import RankDiff, RunDiff
 from .divergence import Divergence, TensorDiff
@@ -27,7 +27,14 @@ def op_ref(op: OpRecord | None) -> dict[str, Any] | None:
         "phase": op.phase,
         "step": op.step,
         **({"source": op.call_site.source_line()} if op.call_site.source_line() else {}),
+        # a kernel Inductor generated: the user's lines it computes (call_site: the caller's)
+        **({"origins": [_origin(site) for site in op.origins]} if op.origins else {}),
     }
+
+
+def _origin(site: CallSite) -> dict[str, Any]:
+    line = site.source_line()
+    return {**site.to_json(), **({"source": line} if line else {})}
 
 
 def _tensor_pair(d: TensorDiff) -> dict[str, Any]:

@@ -10,10 +10,11 @@ from rich.markup import escape
 from ..analysis import Divergence, RunDiff, TensorDiff
 from ..analysis.compilation import mode_note
 from ..analysis.nonfinite import Nonfinite, nonfinite_tensors
-from ..store import OpRecord, TensorRecord
+from ..store import CallSite, OpRecord, TensorRecord
 from .render import console
 
 VALUES_SHOWN = 4
+ORIGINS_SHOWN = 4
 
 
 def _num(value: Any) -> str:
@@ -58,9 +59,20 @@ def _op_block(label: str, op: OpRecord | None) -> None:
         f"  {label}: #{op.index} [bold]{escape(op.op)}[/] ({op.phase}, step {op.step}) "
         f"at {escape(site.file)}:{site.line} in {escape(site.function)}"
     )
+    _source_line(site, "       ")
+    for origin in op.origins[:ORIGINS_SHOWN]:  # a generated kernel: the lines it computes
+        console.print(
+            f"       from: {escape(origin.file)}:{origin.line} in {escape(origin.function)}"
+        )
+        _source_line(origin, "         ")
+    if len(op.origins) > ORIGINS_SHOWN:
+        console.print(f"       … and {len(op.origins) - ORIGINS_SHOWN} more source lines")
+
+
+def _source_line(site: CallSite, indent: str) -> None:
     line = site.source_line()
     if line:
-        console.print(f"       {site.line} │ {escape(line)}")
+        console.print(f"{indent}{site.line} │ {escape(line)}")
 
 
 def print_divergence(div: Divergence, known: str = "") -> None:

@@ -63,7 +63,10 @@ class CallSites:
         self.capture: Callable[[FrameType | None], tuple[int, int] | None] = self.walker.capture
 
     def _is_user_code(self, code: CodeType) -> bool:
-        filename = code.co_filename
+        return self.is_user_file(code.co_filename)
+
+    def is_user_file(self, filename: str) -> bool:
+        """Whether code in ``filename`` is the user's (its frames can be call sites)."""
         if filename.startswith("<frozen") or filename.startswith("<__array_function__"):
             return False
         real = os.path.realpath(filename) if os.path.isabs(filename) else filename
@@ -73,12 +76,15 @@ class CallSites:
 
     def _site_id(self, frame: FrameType) -> int:
         code, line = frame.f_code, frame.f_lineno or 0
-        filename, function = code.co_filename, code.co_name
-        ident = self._writer.intern_site(
+        ident = self.site_id(code.co_filename, line, code.co_name)
+        self._locations[ident] = (code.co_filename, line)
+        return ident
+
+    def site_id(self, filename: str, line: int, function: str) -> int:
+        """The id of a call site in the trace, interned with the source around it."""
+        return self._writer.intern_site(
             (filename, line, function), lambda: _site_payload(filename, line, function)
         )
-        self._locations[ident] = (filename, line)
-        return ident
 
     def location(self, ident: int) -> tuple[str, int] | None:
         """(file, line) of an interned call site."""

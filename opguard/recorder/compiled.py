@@ -15,6 +15,10 @@ this module implements for :class:`OpRecorder`. Each call then records:
 - the region itself, last, as ``compiled::forward`` or ``compiled::backward`` with its inputs,
   outputs, the user's call site, a digest of its FX graph and the ATen ops in it.
 
+Every op keeps the call site of the compiled code (where the user called the model); a kernel's
+record also names its *origins*, the user's source lines of the FX nodes it computes (the
+``gelu`` fused into it), from Inductor's provenance tracking, which the recorder turns on.
+
 Kernels are found in the wrapper module's globals, where the wrapper looks them up at each call,
 and are replaced there by recording proxies that pass straight through when nothing records.
 A kernel's arguments are classified by Inductor's own naming of kernel parameters
@@ -27,20 +31,22 @@ import ast
 import contextlib
 import hashlib
 import importlib.abc
+import json
 import re
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from importlib.machinery import ModuleSpec
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..store import schema
-from .callsite import generated_by_inductor
+from .callsite import CallSites, generated_by_inductor
 from .ops import OpInfo
 from .tensors import PLAIN_TENSORS
 
@@ -57,8 +63,31 @@ _FORWARD = schema.PHASES.index("forward")
 _OTHER = schema.PHASES.index("other")
 _MARK = "__opguard_kernels__"  # set in a wrapper module's globals once its kernels are wrapped
 _KERNEL_SIGNATURE = re.compile(r'extern\s+"C"[^(]*\bkernel\s*\(([^)]*)\)')
+# Inductor's provenance tracking at its basic level: each compiled graph then keeps the stack
+# traces of the FX nodes every kernel launch of its wrapper computes. Turned on only where the
+# user left it off; a torch without it records kernels without origins.
+PROVENANCE = "trace.provenance_tracking_level"
+PROVENANCE_BASIC = 2
+# The wrapper's comment before each kernel launch naming its provenance key, "NAME:HANDLE".
+_PROVENANCE_HANDLE = re.compile(r"#\s*\[Provenance debug handles\]\s*(\S+):(\d+)\s*$")
+_TRACEBACK_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+?)\s*$', re.MULTILINE)
+_CALLER_FRAMES = 16  # how far above a region call its compiled graph's frame is looked for
+
+Site = tuple[str, int, str]  # (file, line, function) of a source line
+Origins = dict[str, tuple[Site, ...]]  # a launch's provenance key -> the user's lines
 
 _recorder: OpRecorder | None = None  # the recorder kernel proxies report to, while recording
+
+
+class _Running(threading.local):
+    """Per thread (a CUDA backward runs on autograd's device thread): the origins of the
+    compiled graph running now, for its kernel launches."""
+
+    def __init__(self) -> None:  # run in each thread that uses it
+        self.origins: Origins = {}
+
+
+_running = _Running()
 
 
 def _digest(text: str) -> str:
@@ -100,14 +129,16 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 class CompileSettings:
-    """The torch settings a recording needs: compiled regions visible to the recorder, and with
-    ``eager`` Dynamo turned off (``opguard record --eager``). Applied when the config modules
-    are imported (now, if they already are), undone by :meth:`restore`."""
+    """The torch settings a recording needs: compiled regions visible to the recorder, their
+    kernels' origins kept, and with ``eager`` Dynamo turned off (``opguard record --eager``).
+    Applied when the config modules are imported (now, if they already are), undone by
+    :meth:`restore`."""
 
     def __init__(self, eager: bool) -> None:
         self._wanted: dict[str, dict[str, Any]] = {
-            INDUCTOR_CONFIG: {"wrap_inductor_compiled_regions": True}
+            INDUCTOR_CONFIG: {"wrap_inductor_compiled_regions": True, PROVENANCE: PROVENANCE_BASIC}
         }
+        self._if_off = {PROVENANCE}  # set only where present and off: the user's choice stands
         if eager:
             self._wanted[DYNAMO_CONFIG] = {"disable": True}
         self._saved: list[tuple[ModuleType, str, Any]] = []
@@ -125,6 +156,8 @@ class CompileSettings:
 
     def _set(self, module: ModuleType, values: dict[str, Any]) -> None:
         for key, value in values.items():
+            if key in self._if_off and (not hasattr(module, key) or getattr(module, key)):
+                continue
             self._saved.append((module, key, getattr(module, key)))
             setattr(module, key, value)
 
@@ -171,17 +204,19 @@ def _run_region(mode: OpRecorder, func: Any, inputs: list[Any], *, name: str | N
     except Exception as exc:  # the region still runs, unrecorded
         mode.fail(exc)
         return func(inputs)
-    saved_phase = mode.region_phase
+    origins = _graph_origins(func, mode.call_sites, sys._getframe(1))
+    saved_phase, saved_origins = mode.region_phase, _running.origins
     if not backward:
         # Inside the autograd function that runs a forward graph gradients are off; inputs
         # that require them say it is a training forward, as the same ops would be eagerly.
         needs_grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
         mode.region_phase = _FORWARD if needs_grad or torch.is_grad_enabled() else _OTHER
+    _running.origins = origins
     try:
         with mode:  # the fallback ATen ops inside are recorded as ops of their own
             return mode.record_call(info, func, (inputs,), {}, arguments=arguments, nested=True)
     finally:
-        mode.region_phase = saved_phase
+        mode.region_phase, _running.origins = saved_phase, saved_origins
 
 
 def unit_info(
@@ -233,6 +268,83 @@ def _graph_arguments(func: Any) -> list[list[Any]]:
     return arguments
 
 
+# -- where generated kernels came from -----------------------------------------------------------
+
+_ORIGINS: weakref.WeakKeyDictionary[Any, Origins] = weakref.WeakKeyDictionary()
+
+
+def _graph_origins(func: Any, sites: CallSites, caller: FrameType | None) -> Origins:
+    """The user's source lines of each kernel launch of the compiled graph ``func``, read once
+    per graph from the frames above the region's call (``caller`` outwards). Empty when this
+    torch keeps no provenance or reading it fails: origins are evidence, not the trace."""
+    origins = _ORIGINS.get(func)
+    if origins is None:
+        try:
+            origins = user_origins(_kernel_stack_traces(caller), sites.is_user_file)
+        except Exception:
+            origins = {}
+        _ORIGINS[func] = origins
+    return origins
+
+
+def _kernel_stack_traces(frame: FrameType | None) -> dict[str, list[str]]:
+    """Inductor's provenance record of the compiled graph that called the recorder: for each
+    kernel launch of its wrapper (by provenance key), the stack traces of the FX nodes the
+    kernel computes. Inductor keeps it on its ``CompiledFxGraph`` but hands the recorder only
+    the graph's callable; the graph is ``self`` in its ``__call__``, a few frames up."""
+    for _ in range(_CALLER_FRAMES):
+        if frame is None:
+            break
+        graph: Any = frame.f_locals.get("self")
+        if hasattr(graph, "inductor_provenance_stack_traces_str"):
+            text = graph.inductor_provenance_stack_traces_str
+            return json.loads(text) if text else {}
+        frame = frame.f_back
+    return {}
+
+
+def user_origins(traces: dict[str, list[str]], is_user_file: Callable[[str], bool]) -> Origins:
+    """Each launch's origins: of each stack trace, the innermost frame in user code (as an op's
+    call site is the innermost user frame of its stack), in order, once each."""
+    origins: Origins = {}
+    for key, stack_traces in traces.items():
+        innermost = (
+            next((f for f in reversed(traceback_frames(t)) if is_user_file(f[0])), None)
+            for t in stack_traces
+        )
+        origins[key] = tuple(dict.fromkeys(site for site in innermost if site is not None))
+    return origins
+
+
+def traceback_frames(stack_trace: str) -> list[Site]:
+    """The frames of a stack trace as Python formats them (and FX nodes keep them), outermost
+    first."""
+    return [(file, int(line), name) for file, line, name in _TRACEBACK_FRAME.findall(stack_trace)]
+
+
+def kernel_launches(wrapper_source: str) -> dict[str, dict[int, str]]:
+    """Where a generated wrapper module launches each kernel: name -> {line of a launch: its
+    provenance key}. Inductor writes the key in a comment before the launch it describes
+    (``# [Provenance debug handles] NAME:HANDLE``); a kernel launched from several places (one
+    kernel serves every fused group whose code is the same) has a key for each."""
+    launches: dict[str, dict[int, str]] = {}
+    waiting: dict[str, str] = {}  # kernel name -> the key of its next launch
+    for number, text in enumerate(wrapper_source.splitlines(), 1):
+        handle = _PROVENANCE_HANDLE.search(text)
+        if handle is not None:
+            waiting[handle.group(1)] = f"{handle.group(1)}:{handle.group(2)}"
+            continue
+        for name in [n for n in waiting if _launches(text, n)]:
+            launches.setdefault(name, {})[number] = waiting.pop(name)
+    return launches
+
+
+def _launches(line: str, kernel: str) -> bool:
+    """Whether a line of a wrapper launches ``kernel``: ``NAME(...)``, or ``NAME.run(...)``
+    for a Triton kernel."""
+    return re.search(rf"(?<![\w.]){re.escape(kernel)}(\.run)?\(", line) is not None
+
+
 # -- generated kernels ---------------------------------------------------------------------------
 
 
@@ -275,16 +387,18 @@ def _instrument(compiled: Any) -> None:
     if not path:
         return
     with open(path) as handle:
-        sources = kernel_sources(handle.read())
-    for name, (parameters, source) in sources.items():
+        wrapper = handle.read()
+    launches = kernel_launches(wrapper)
+    for name, (parameters, source) in kernel_sources(wrapper).items():
         kernel: Any = namespace.get(name)
         code = [["code", _digest(source)]]
+        where = launches.get(name, {})
         if hasattr(kernel, "triton_meta") and hasattr(kernel, "run"):  # a CachingAutotuner
             parameters = tuple(kernel.triton_meta.get("signature", {}))
             mutated = frozenset(kernel.inductor_meta.get("mutated_arg_names", ()))
-            namespace[name] = TritonKernel(kernel, Kernel(name, parameters, mutated, code))
+            namespace[name] = TritonKernel(kernel, Kernel(name, parameters, mutated, code, where))
         elif callable(kernel) and parameters:
-            namespace[name] = CppKernel(kernel, Kernel(name, parameters, frozenset(), code))
+            namespace[name] = CppKernel(kernel, Kernel(name, parameters, frozenset(), code, where))
 
 
 def kernel_sources(wrapper_source: str) -> dict[str, tuple[tuple[str, ...], str]]:
@@ -325,12 +439,14 @@ def kernel_sources(wrapper_source: str) -> dict[str, tuple[tuple[str, ...], str]
 class Kernel:
     """A generated kernel as an op: ``in_ptr*`` parameters are read; ``out_ptr*`` written
     without being read; ``in_out_ptr*`` (and what Inductor lists as mutated) read and written.
-    ``arguments``: the digest of its source, recorded with every launch."""
+    ``arguments``: the digest of its source, recorded with every launch. ``launches``: the
+    provenance key of each line of the wrapper that launches it (its origins, per graph)."""
 
     name: str
     parameters: tuple[str, ...]
     mutated: frozenset[str]
     arguments: list[list[Any]]
+    launches: dict[int, str]
 
     def info(self, mode: OpRecorder) -> OpInfo:
         written = {p for p in self.parameters if p.startswith(("out_ptr", "in_out_ptr"))}
@@ -343,12 +459,21 @@ class Kernel:
         )
 
     def launch(self, run: Callable[..., Any], args: tuple) -> Any:
-        """Runs the kernel, recorded when a region is being recorded."""
+        """Runs the kernel, recorded when a region is being recorded. Called by the proxy
+        method the wrapper calls: the wrapper's frame, whose line says which launch this is,
+        is two frames up."""
         mode = _recorder
         if mode is None or not mode.active:
             return run(*args)
-        info = mode.info_for(self, lambda: self.info(mode))
-        return mode.record_call(info, run, args, {}, arguments=self.arguments)
+        try:
+            info = mode.info_for(self, lambda: self.info(mode))
+            launch = self.launches.get(sys._getframe(2).f_lineno, "")
+            sites = _running.origins.get(launch, ())
+            origins = [mode.call_sites.site_id(*site) for site in sites]
+        except Exception as exc:  # the kernel still runs, unrecorded
+            mode.fail(exc)
+            return run(*args)
+        return mode.record_call(info, run, args, {}, arguments=self.arguments, origins=origins)
 
 
 class CppKernel:

@@ -130,6 +130,11 @@ class OpRecorder(TorchDispatchMode):
         return True
 
     @property
+    def call_sites(self) -> CallSites:
+        """The trace's call sites: which code is the user's, and interned sites."""
+        return self._sites
+
+    @property
     def next_index(self) -> int:
         """The index the next recorded op gets (ops recorded so far)."""
         return int(self._calls.next_index)
@@ -221,21 +226,24 @@ class OpRecorder(TorchDispatchMode):
         arguments: list[list[Any]] | None = None,
         nested: bool = False,
         caller: FrameType | None = None,
+        origins: list[int] | None = None,
     ) -> Any:
         """Runs ``run(*args, **kwargs)`` once and records it as one op described by ``info``:
         an ATen op, or a unit the dispatcher does not see (a compiled region, a generated
         kernel). ``arguments``: extra non-tensor arguments to record (e.g. a code digest).
         ``nested``: ``run`` records ops of its own (a compiled region's kernels), which come
         first in the trace and own their GPU work. ``caller``: the frame that ran the op, where
-        the walk for its call site starts (the current frame when None)."""
+        the walk for its call site starts (the current frame when None). ``origins``: call-site
+        ids of the source lines a generated kernel was made from."""
         kernels = self.kernels
+        call = (info, run, args, kwargs, in_flight, arguments, nested, caller, origins)
         if kernels is None:
-            return self._record_call(info, run, args, kwargs, in_flight, arguments, nested, caller)
+            return self._record_call(*call)
         # The recorder's own GPU work (fingerprints, captures) is never reported; GPU work the
         # thread launches after this call, outside any op, follows the last op recorded.
         kernels.enter()
         try:
-            return self._record_call(info, run, args, kwargs, in_flight, arguments, nested, caller)
+            return self._record_call(*call)
         finally:
             kernels.leave(self.next_index - 1)
 
@@ -249,6 +257,7 @@ class OpRecorder(TorchDispatchMode):
         arguments: list[list[Any]] | None,
         nested: bool,
         caller: FrameType | None,
+        origins: list[int] | None,
     ) -> Any:
         try:
             pending = self._before(info, args, kwargs, nested)
@@ -267,7 +276,7 @@ class OpRecorder(TorchDispatchMode):
                 self.kernels.pop()
         self._in_flight = in_flight is not None and in_flight(out)
         try:
-            self._after(pending, out, caller)
+            self._after(pending, out, caller, origins)
         except Exception as exc:
             self.fail(exc)
         return out
@@ -347,7 +356,9 @@ class OpRecorder(TorchDispatchMode):
 
     # -- after the op: outputs, call site, record ------------------------------------------
 
-    def _after(self, pending: tuple, out: Any, caller: FrameType | None) -> None:
+    def _after(
+        self, pending: tuple, out: Any, caller: FrameType | None, origins: list[int] | None
+    ) -> None:
         info, op, written, arguments, rng, capturing = pending
         index = self.next_index
         taken = self._calls.finish(
@@ -361,6 +372,7 @@ class OpRecorder(TorchDispatchMode):
             self._in_flight,
             capturing,
             caller,
+            origins,
         )
         if taken:
             self._capture(index, OUTPUT, taken)

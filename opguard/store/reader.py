@@ -246,6 +246,7 @@ class RankTrace:
             returned=raw.get("v"),
             kernels=tuple(k for k in kernels if not _unclaimed(k)),
             unclaimed_kernels=tuple(k for k in kernels if _unclaimed(k)),
+            origins=tuple(self.sites.get(i, UNKNOWN_SITE) for i in raw.get("l", ())),
         )
 
     def kernels(self, index: int) -> tuple[dict[str, Any], ...]:

@@ -221,6 +221,7 @@ OP_FIELDS: dict[str, Any] = {
     "x": _is_list_of(_is_tensor),
     "y": _is_list_of(_is_tensor),
     "r": _is_optional(lambda v: type(v) is int and 0 <= v < 1 << 64),
+    "l": _is_ints,
 }
 OP_FIELDS_SHALLOW = {
     **OP_FIELDS,
@@ -283,6 +284,9 @@ class OpRecord:
     kernels: tuple[dict[str, Any], ...] = field(default=())
     # GPU work launched after this op, before the next one, by code OpGuard did not record
     unclaimed_kernels: tuple[dict[str, Any], ...] = field(default=())
+    # A kernel Inductor generated: the user's source lines it was made from (call_site stays
+    # where the compiled code was called)
+    origins: tuple[CallSite, ...] = field(default=())
 
     @property
     def is_backward(self) -> bool:
@@ -310,4 +314,6 @@ class OpRecord:
             out["kernels"] = list(self.kernels)
         if self.unclaimed_kernels:
             out["unrecorded_after"] = list(self.unclaimed_kernels)
+        if self.origins:
+            out["origins"] = [site.to_json() for site in self.origins]
         return out

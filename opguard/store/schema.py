@@ -32,6 +32,9 @@ Op record fields (short keys keep traces small; readers map them to names)::
     f  forward op index (backward ops)                     a  non-tensor arguments [[name, value]]
     x  input tensors              y  output tensors         r  RNG-state fingerprint (random ops)
     v  non-tensor return value (e.g. of ``.item()``)    g  kernels (GPU)
+    l  origins: call-site ids of the user's source lines a kernel Inductor generated was made
+       from (``inductor::`` ops under ``torch.compile``; absent elsewhere and in traces
+       recorded before it existed). ``c`` stays where the user called the compiled code.
 
 Tensor entry fields::
 

@@ -26,6 +26,7 @@ from ..store.records import STAT_NAMES
 
 VALUES_SHOWN = 4
 KERNELS_SHOWN = 8
+ORIGINS_SHOWN = 4  # source lines shown of a kernel Inductor generated
 HEAT_DIMS = 2  # strips shown per captured tensor
 DIFFERS = "bold red"
 COUNTS = ("nan", "inf")
@@ -231,10 +232,23 @@ def _source(site: CallSite, run: str) -> RenderableType:
 
 
 def _sources(a: OpRecord | None, b: OpRecord | None) -> list[RenderableType]:
-    sites = [(run, op.call_site) for run, op in (("A", a), ("B", b)) if op is not None]
-    if len(sites) == 2 and sites[0][1] == sites[1][1]:
-        sites = [("A and B", sites[0][1])]
-    return [_source(site, run) for run, site in sites]
+    """Where each run's op was called, then, for a kernel Inductor generated, the source lines
+    it computes ("from"); shown once when both runs have the same."""
+    ops = [(run, op) for run, op in (("A", a), ("B", b)) if op is not None]
+    shown: list[RenderableType] = []
+    for suffix, groups in (
+        ("", [(op.call_site,) for _, op in ops]),
+        (" from", [op.origins[:ORIGINS_SHOWN] for _, op in ops]),
+    ):
+        runs = [run for run, _ in ops]
+        if len(groups) == 2 and groups[0] == groups[1]:
+            runs, groups = ["A and B"], groups[:1]
+        shown += [
+            _source(site, run + suffix)
+            for run, group in zip(runs, groups, strict=True)
+            for site in group
+        ]
+    return shown
 
 
 def _stack(frames: Iterable[CallSite], run: str) -> Text:

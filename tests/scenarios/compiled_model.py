@@ -44,7 +44,8 @@ class Model(torch.nn.Module):
         self.fc2 = torch.nn.Linear(16, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = getattr(F, args.activation)(self.norm(self.fc1(x)))  # <- activation
+        h = self.norm(self.fc1(x))
+        h = getattr(F, args.activation)(h)  # <- activation
         return self.fc2(scale(h))
 
 
