@@ -288,6 +288,37 @@ def test_documented_nondeterministic_op_on_cuda(tmp_path: Path) -> None:
     )
 
 
+def test_the_nondeterministic_table_names_real_ops() -> None:
+    """Every op of the table is an ATen op of this torch (a misspelt name would never match),
+    and its conditions select the calls the documentation names."""
+    import torch
+
+    from opguard.analysis.causes import NONDETERMINISTIC, documented_nondeterministic
+    from opguard.store import OpRecord, TensorRecord
+    from opguard.store.records import UNKNOWN_SITE
+
+    for entry in NONDETERMINISTIC:
+        for name in entry.ops:
+            assert hasattr(torch.ops.aten, name.removeprefix("aten::")), name
+
+    def call(name: str, device: str, **args: Any) -> OpRecord:
+        tensor = TensorRecord("self", "float32", (4,), (1,), device, 1, 16, b"", None, None, 0)
+        return OpRecord(
+            0, name, 0, "forward", UNKNOWN_SITE, -1, None, tuple(args.items()), (tensor,), (), None
+        )
+
+    found = documented_nondeterministic
+    assert found(call("aten::index_put_.default", "cpu", accumulate=True)) is not None
+    assert found(call("aten::index_put_.default", "cuda:0", accumulate=True)) is None
+    assert found(call("aten::index_put_.default", "cuda:0", accumulate=False)) is not None
+    assert found(call("aten::scatter_reduce.two", "cuda:0", reduce="amax")) is None
+    prod = found(call("aten::scatter_reduce.two", "cuda:0", reduce="prod"))
+    assert prod is not None and prod.mode == "refuse it"
+    assert found(call("aten::median.default", "cuda:0")) is None
+    assert found(call("aten::median.dim", "cuda:0")) is not None
+    assert found(call("aten::index_add_.default", "cpu")) is None
+
+
 def test_same_environment_different_kernels(tmp_path: Path) -> None:
     other = [_kernel("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm>(Params)", 7, 3000, 3400)]
     first = _first(*_gpu_pair(tmp_path, "aten::index_add_.default", other))

@@ -144,7 +144,11 @@ NONDETERMINISTIC = (
         when=_argument("reduce", "sum", "mean"),
     ),
     Nondeterministic(
-        _ops("scatter_", "scatter"), _CUDA, _DUPLICATES, MAKES_DETERMINISTIC, _overload("src")
+        _ops("scatter_", "scatter"),
+        _CUDA,
+        _DUPLICATES,
+        MAKES_DETERMINISTIC,
+        _overload("src", "reduce"),
     ),
     Nondeterministic(_ops("index_copy_", "index_copy"), _BOTH, _DUPLICATES, MAKES_DETERMINISTIC),
     Nondeterministic(
@@ -216,7 +220,7 @@ NONDETERMINISTIC = (
         _CUDA,
         "which of equal values' indices it returns varies",
         REFUSES,
-        when=_overload("dim"),
+        when=_overload("dim", "dim_values"),
         off_when=(),
     ),
     Nondeterministic(
