@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -211,6 +212,10 @@ def test_nondeterministic_index_add_is_an_origin(tmp_path: Path) -> None:
     assert first["kind"] == "origin"
     assert first["a"]["op"].startswith("aten::index_add")
     assert first["inputs_differ"] == [] and first["arguments_differ"] == []
+    (cause,) = first["likely_causes"]
+    assert cause["cause"].startswith(
+        "same environment, `index_add_` on CUDA is documented nondeterministic (atomics"
+    )
 
 
 def test_tf32_setting_is_an_origin(tmp_path: Path) -> None:
@@ -222,6 +227,8 @@ def test_tf32_setting_is_an_origin(tmp_path: Path) -> None:
     assert first["kind"] == "origin"  # same inputs, same arguments: the kernel differed
     assert first["a"]["op"] in ("aten::mm.default", "aten::addmm.default")
     assert first["inputs_differ"] == [] and first["arguments_differ"] == []
+    # Run B turned TF32 on after recording started: the recorded settings say so.
+    assert "TF32 in cuBLAS matmuls (off vs on)" in first["likely_causes"][0]["cause"]
 
 
 def test_kernels_are_recorded_per_op(tmp_path: Path) -> None:
@@ -278,6 +285,26 @@ def test_stream_race_shows_the_read_before_the_write(tmp_path: Path) -> None:
     assert first["a"]["op"].startswith("aten::sum")
     assert first["stream_race"] and first["stream_race"].startswith("run B:")
     assert "aten::copy_" in first["stream_race"]
+
+
+def test_stream_race_through_a_batched_matmul_is_named(tmp_path: Path) -> None:
+    """A batched matmul's output (``mm`` seen through ``_unsafe_view``, which launches nothing)
+    reduced on a side stream without ``wait_stream``: the side-stream ``sum`` is the origin,
+    and its most likely cause is the race with the ``mm``, with the times."""
+    _record("matmul_stream_race.py", tmp_path / "a", "sync")
+    _record("matmul_stream_race.py", tmp_path / "b", "race")
+    first = _diff(tmp_path / "a", tmp_path / "b")["first_divergence"]
+    assert first["kind"] == "origin" and first["a"]["op"].startswith("aten::sum")
+    race = first["likely_causes"][0]
+    assert race["kind"] == "stream-race", first["likely_causes"]
+    assert re.fullmatch(
+        r"race: `sum` on stream \d+ started [\d.]+ µs before its input's writer `mm` on "
+        r"stream \d+ finished",
+        race["cause"],
+    ), race["cause"]
+    assert race["evidence"].startswith("run B: aten::mm.default #")
+    assert "through aten::_unsafe_view.default" in race["evidence"]
+    assert first["summary"].endswith(race["cause"])
 
 
 def test_gpu_work_no_recorded_op_launched_is_named(tmp_path: Path) -> None:

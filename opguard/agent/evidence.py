@@ -113,6 +113,10 @@ def _divergence_lines(
     ]
     if div.hint:
         lines.append(f"hint: {div.hint}")
+    lines += _section(
+        "likely causes (most likely first)",
+        [f"{n}. {c.cause}; evidence: {c.evidence}" for n, c in enumerate(div.likely_causes, 1)],
+    )
     lines += _pair("op named (the cause)", (div.a, div.b), traces, SOURCE_CONTEXT)
     if (div.a, div.b) != (div.observed_a, div.observed_b):
         title = "first seen at (first aligned pair whose outputs differ)"

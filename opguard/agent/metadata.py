@@ -11,11 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..store.environment import KEY as ENVIRONMENT
+from ..store.environment import PACKAGES
 from .describe import value_text
 
 IGNORED = frozenset({"started", "ended", "command"})
 # Fields that change numerics by themselves (as opposed to argv, ops, exit status, ...).
 ENVIRONMENTAL = ("python", "torch", "cuda", "opguard", "devices", "platform", "world_size", "host")
+# Prefixes of the flattened recorded environment (and of environment variables), all of which
+# are environmental.
+ENVIRONMENTAL_PREFIXES = ("env.", f"{ENVIRONMENT}.", f"{PACKAGES}.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +31,7 @@ class MetaDiff:
 
     @property
     def environmental(self) -> bool:
-        return self.key in ENVIRONMENTAL or self.key.startswith("env.")
+        return self.key in ENVIRONMENTAL or self.key.startswith(ENVIRONMENTAL_PREFIXES)
 
     def text(self) -> str:
         return f"{self.key}: {_shown(self.a)} (A) vs {_shown(self.b)} (B)"
@@ -40,8 +45,23 @@ def _shown(value: Any) -> str:
 
 
 def _flat(meta: dict[str, Any]) -> dict[str, Any]:
-    flat = {k: v for k, v in meta.items() if k not in IGNORED and k != "env"}
+    """One level: environment variables as ``env.NAME``, the recorded environment as
+    ``environment.FIELD`` (less what the top level states already) and ``packages.NAME`` (the
+    version)."""
+    flat = {k: v for k, v in meta.items() if k not in IGNORED and k not in ("env", ENVIRONMENT)}
     flat.update({f"env.{k}": v for k, v in (meta.get("env") or {}).items()})
+    recorded = meta.get(ENVIRONMENT) or {}
+    for key, value in recorded.items():
+        if key == PACKAGES and isinstance(value, dict):
+            flat.update(
+                {
+                    f"{PACKAGES}.{name}": p.get("version")
+                    for name, p in value.items()
+                    if isinstance(p, dict)
+                }
+            )
+        elif key != "env" and key not in meta:  # variables: as env.NAME above
+            flat[f"{ENVIRONMENT}.{key}"] = value
     return flat
 
 

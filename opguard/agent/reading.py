@@ -11,7 +11,8 @@ import math
 from collections.abc import Callable
 
 from ..analysis import Divergence, TensorDiff
-from ..analysis.divergence import kernel_names
+from ..analysis.causes import ENVIRONMENT, STREAM_RACE
+from ..analysis.gpu_work import kernel_names
 from .describe import number, op_line, value_text
 from .metadata import MetaDiff
 
@@ -32,7 +33,7 @@ def read_divergence(div: Divergence | None, meta: list[MetaDiff]) -> list[str]:
         findings.append(f"hint: {div.hint}")
     findings += _magnitude(div.outputs)
     environmental = [m for m in meta if m.environmental]
-    if environmental:
+    if environmental and not any(c.kind == ENVIRONMENT for c in div.likely_causes):
         lead = (
             "equal inputs yet different outputs, and the runs ran in different environments"
             if div.cause == "origin"
@@ -78,6 +79,12 @@ def _rng(div: Divergence) -> list[str]:
 
 
 def _origin(div: Divergence) -> list[str]:
+    if div.likely_causes:  # their evidence is in the bundle's "likely causes"
+        first, *rest = div.likely_causes
+        return [
+            f"equal inputs and arguments, different outputs; most likely {first.cause}",
+            *(f"also possible: {c.cause}" for c in rest),
+        ]
     names_a, names_b = kernel_names(div.observed_a), kernel_names(div.observed_b)
     if names_a and names_b and div.kernels_differ:
         return [
@@ -118,7 +125,9 @@ def _leaf(div: Divergence) -> list[str]:
 
 
 def _unrecorded(div: Divergence) -> list[str]:
+    races = [c for c in div.likely_causes if c.kind == STREAM_RACE]
     return [
+        *(c.cause for c in races),
         f"{_last_slot(div)} was equal when produced and differs when read: something OpGuard "
         "did not record wrote it (a custom extension, a .data write, a NumPy view)",
         *(w.text() for w in div.windows),

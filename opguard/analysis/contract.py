@@ -55,6 +55,7 @@ def divergence_json(div: Divergence) -> dict[str, Any]:
         "cause": div.cause,
         "summary": div.summary,
         "hint": div.hint or None,
+        "likely_causes": [c.to_json() for c in div.likely_causes],
         "observed": {"a": op_ref(div.observed_a), "b": op_ref(div.observed_b)},
         "outputs_differ": [_tensor_pair(d) for d in div.outputs],
         "inputs_differ": [_tensor_pair(d) for d in div.inputs],

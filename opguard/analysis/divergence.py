@@ -15,6 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..store import OpRecord, RankTrace, TensorRecord, schema
+from .causes import (
+    KERNELS,
+    UNRECORDED_GPU_WORK,
+    UNVERIFIED_INPUT,
+    LikelyCause,
+    first_cause,
+    likely_causes,
+)
+from .gpu_work import StreamRace, kernel_names, short_kernel_name, stream_race
 from .reach import Absorbed
 
 MAX_CHAIN = 64
@@ -79,15 +88,6 @@ class WriteWindow:
 
 MAX_WINDOW_KERNELS = 50  # unrecorded GPU launches kept per window
 KERNEL_NAMES_SHOWN = 3  # distinct names in a window's text
-KERNEL_NAME_CHARS = 60
-
-
-def short_kernel_name(name: str) -> str:
-    """A kernel's name without its return type, template and parameter lists, clipped:
-    ``void at::native::vectorized_elementwise_kernel<4, …>(int, …)`` reads
-    ``at::native::vectorized_elementwise_kernel``."""
-    short = name.removeprefix("void ").split("(", 1)[0].split("<", 1)[0] or name
-    return short if len(short) <= KERNEL_NAME_CHARS else short[: KERNEL_NAME_CHARS - 1] + "…"
 
 
 def unrecorded_kernels_text(kernels: Sequence[tuple[int, dict[str, Any]]], total: int) -> str:
@@ -121,35 +121,14 @@ class Divergence:
     # unrecorded-write: where, in each run whose read differs from the write, the unrecorded
     # write happened (between two ops)
     windows: list[WriteWindow] = field(default_factory=list)
+    # why, most likely first, with the evidence for each (origin, unrecorded-write)
+    likely_causes: list[LikelyCause] = field(default_factory=list)
 
     @property
     def kernels_differ(self) -> bool:
         """The two runs launched different GPU kernels for the observed op (a classic cause of
         bitwise differences: another algorithm, TF32, a different library version)."""
         return kernel_names(self.observed_a) != kernel_names(self.observed_b)
-
-
-def overlapping_write(producer: OpRecord, consumer: OpRecord) -> str:
-    """Says how ``consumer`` read a tensor before ``producer`` finished writing it on another
-    stream, from the kernels' recorded start and end times; '' when it did not."""
-    writes = [k for k in producer.kernels if "t1" in k]
-    reads = [k for k in consumer.kernels if "t0" in k]
-    if not writes or not reads:
-        return ""
-    last_write = max(writes, key=lambda k: k["t1"])
-    first_read = min(reads, key=lambda k: k["t0"])
-    if last_write.get("s") == first_read.get("s") or last_write["t1"] <= first_read["t0"]:
-        return ""
-    overlap_us = (last_write["t1"] - first_read["t0"]) / 1e3
-    return (
-        f"{consumer.op} (#{consumer.index}) started on stream {first_read.get('s')} "
-        f"{overlap_us:.1f} µs before its input's writer {producer.op} (#{producer.index}) finished "
-        f"on stream {last_write.get('s')}: a stream race (missing wait_stream or event)"
-    )
-
-
-def kernel_names(op: OpRecord) -> list[str]:
-    return [k.get("n", "?") for k in op.kernels if k.get("k", "kernel") == "kernel"]
 
 
 def _by_slot(tensors: tuple[TensorRecord, ...]) -> dict[str, TensorRecord]:
@@ -229,29 +208,31 @@ class Explainer:
             self._settle(div, op_a, op_b, unwritten)
         else:
             self._follow(div)
-        div.race = self._stream_race(div)
+        race = self._stream_race(div)
+        div.race = race.text() if race is not None else ""
+        gpu_work = (
+            self._unrecorded_gpu_work(div)
+            if div.cause == "origin" and not div.kernels_differ
+            else ""
+        )
+        div.likely_causes = likely_causes(div, (self.trace_a, self.trace_b), race, gpu_work)
         div.summary = summarise(div)
-        div.hint = self._hint(div)
+        div.hint = self._hint(div, gpu_work)
         return div
 
-    def _stream_race(self, div: Divergence) -> str:
+    def _stream_race(self, div: Divergence) -> StreamRace | None:
         """Evidence of a stream race at the op where the difference was read: in either run,
-        one of its inputs was written on another stream by a kernel that had not finished when
-        the op's own kernels started (no ``wait_stream``/event between them)."""
+        one of its inputs was written on another stream by GPU work that had not finished when
+        the op's own started (no ``wait_stream``/event between them)."""
         link = div.chain[-1] if div.chain else None
-        for trace, op in (
-            (self.trace_a, link.a if link else div.observed_a),
-            (self.trace_b, link.b if link else div.observed_b),
+        for run, trace, op in (
+            ("A", self.trace_a, link.a if link else div.observed_a),
+            ("B", self.trace_b, link.b if link else div.observed_b),
         ):
-            for tensor in op.inputs:
-                if tensor.producer is None or not op.kernels:
-                    continue
-                producer = trace.op(tensor.producer[0])
-                race = overlapping_write(producer, op)
-                if race:
-                    run = "A" if trace is self.trace_a else "B"
-                    return f"run {run}: {race}"
-        return ""
+            race = stream_race(run, trace, op)
+            if race is not None:
+                return race
+        return None
 
     def _assess(
         self, a: OpRecord, b: OpRecord
@@ -372,9 +353,11 @@ class Explainer:
             else "inserted"
         )
 
-    def _hint(self, div: Divergence) -> str:
+    def _hint(self, div: Divergence, gpu_work: str) -> str:
         """Patterns a person would recognise, read from the evidence (never from names of
-        scripts): gradient accumulation into a kept ``.grad``, a missing default argument."""
+        scripts): gradient accumulation into a kept ``.grad``, a missing default argument; for
+        an origin nothing else explains, how to find an unrecorded write (``gpu_work``: the
+        unrecorded GPU work before it, if any)."""
         if div.kind == "structure":
             for op, trace, run, other in (
                 (div.b, self.trace_b, "B", "A"),
@@ -397,11 +380,11 @@ class Explainer:
                     f"run {run} did not pass '{d.name}' (the op's default applied), the other "
                     f"run passed {_fmt(d.b if run == 'A' else d.a)}"
                 )
-        if div.cause == "origin" and not div.kernels_differ:
-            unrecorded = self._unrecorded_gpu_work(div)
-            if unrecorded:
-                return unrecorded
-        if div.cause == "origin" and not div.kernels_differ and _reused_cpu_inputs(div.a):
+        # An unrecorded write is what to check first only when nothing else explains an origin.
+        top = div.likely_causes[0].kind if div.cause == "origin" and div.likely_causes else ""
+        if top == UNRECORDED_GPU_WORK:
+            return gpu_work
+        if top == UNVERIFIED_INPUT:
             return (
                 "CPU ops give equal outputs for equal inputs: unless this one is "
                 "nondeterministic, code OpGuard does not record (an extension writing through a "
@@ -435,16 +418,6 @@ class Explainer:
             "; ".join(found) + ": it may have written the input after its fingerprint was "
             "taken; record both runs with --verify-inputs to find where"
         )
-
-
-def _reused_cpu_inputs(op: OpRecord | None) -> bool:
-    """Whether ``op`` ran on the CPU and read a tensor a recorded op produced (whose fingerprint
-    the recorder reuses unless told to verify inputs)."""
-    return (
-        op is not None
-        and all(t.device == "cpu" for t in (*op.inputs, *op.outputs))
-        and any(t.producer is not None for t in op.inputs)
-    )
 
 
 MAX_WINDOW_SCAN = 1_000_000  # ops read to narrow an unrecorded write down
@@ -520,17 +493,17 @@ def summarise(div: Divergence) -> str:
     obs = div.observed_a
     where = f"{obs.op} at {obs.call_site.short()}"
     if div.cause == "origin":
-        if div.kernels_differ:
+        made = f"{where} produced different outputs from identical inputs and arguments"
+        top = first_cause(div.likely_causes)  # kernels that differ always give one
+        if top is None:
+            return f"{made} (nondeterministic kernel, race, different kernel or hardware fault)"
+        if div.kernels_differ and top.kind != KERNELS:
             a, b = kernel_names(div.observed_a), kernel_names(div.observed_b)
             return (
-                f"{where} produced different outputs from identical inputs and arguments: the "
-                f"runs launched different kernels ({', '.join(a) or 'none'} vs "
-                f"{', '.join(b) or 'none'})"
+                f"{made}: {top.cause}; the runs launched different kernels "
+                f"({', '.join(a) or 'none'} vs {', '.join(b) or 'none'})"
             )
-        return (
-            f"{where} produced different outputs from identical inputs and arguments "
-            "(nondeterministic kernel, race, different kernel or hardware fault)"
-        )
+        return f"{made}: {top.cause}"
     if div.cause == "argument":
         shown = ", ".join(argument_text(d) for d in div.arguments[:3])
         op = div.a or obs

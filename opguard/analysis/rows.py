@@ -34,13 +34,13 @@ class Status(Enum):
     EQUAL = "equal"
     DIFFERING = "differing"
     ABSORBED = "absorbed"  # differing, but no reader saw the difference (analysis.reach)
+    ONLY_A = "only in A"
+    ONLY_B = "only in B"
 
     @property
     def differs(self) -> bool:
         """Whether the row is a difference a person steps to: an absorbed one is not."""
         return self not in (Status.EQUAL, Status.ABSORBED)
-    ONLY_A = "only in A"
-    ONLY_B = "only in B"
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from typing import Any
 from rich.markup import escape
 
 from ..analysis import Divergence, RunDiff, TensorDiff
+from ..analysis.causes import STREAM_RACE
 from ..analysis.compilation import mode_note
 from ..analysis.nonfinite import Nonfinite, nonfinite_tensors
 from ..store import CallSite, OpRecord, TensorRecord
@@ -85,6 +86,7 @@ def print_divergence(div: Divergence, known: str = "") -> None:
         console.print(f"  [bold]known difference:[/] {escape(known)}")
     if div.hint:
         console.print(f"  [bold]hint:[/] {escape(div.hint)}")
+    _likely_causes(div)
     _op_block("A", div.a)
     _op_block("B", div.b)
     if (div.a, div.b) != (div.observed_a, div.observed_b):
@@ -105,8 +107,18 @@ def print_divergence(div: Divergence, known: str = "") -> None:
         hops = " ← ".join(f"#{link.a.index} {link.a.op}[{link.slot}]" for link in div.chain)
         console.print(f"    producer chain (A): {escape(hops)}")
     _kernels(div)
-    if div.race:
+    if div.race and not any(c.kind == STREAM_RACE for c in div.likely_causes):
         console.print(f"    [bold]stream race[/]: {escape(div.race)}")
+
+
+def _likely_causes(div: Divergence) -> None:
+    """The ranked likely causes, each with its evidence."""
+    if not div.likely_causes:
+        return
+    console.print("  [bold]likely causes[/] (most likely first):")
+    for rank, cause in enumerate(div.likely_causes, 1):
+        console.print(f"    {rank}. {escape(cause.cause)}")
+        console.print(f"       [dim]evidence: {escape(cause.evidence)}[/]")
 
 
 def print_diff(result: RunDiff) -> None:

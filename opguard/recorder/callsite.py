@@ -34,15 +34,21 @@ def _classifier() -> list[tuple[tuple[str, ...], bool]]:
     (``bin/opguard``) are not. Site-packages is checked before the standard library because it
     usually lies inside it (``<venv>/lib/pythonX.Y/site-packages``)."""
     paths = sysconfig.get_paths()
-    packages = {paths["purelib"], paths["platlib"], *site.getsitepackages()}
-    if site.ENABLE_USER_SITE:
-        packages.add(site.getusersitepackages())
     return [
         (_roots(os.path.join(_OPGUARD_ROOT, "demo")), True),
         (_roots(os.path.dirname(torch.__file__), _OPGUARD_ROOT), False),
-        (_roots(*packages), True),
+        (site_packages(), True),
         (_roots(paths["stdlib"], paths["platstdlib"], paths["scripts"]), False),
     ]
+
+
+def site_packages() -> tuple[str, ...]:
+    """The directories installed packages live in (each ending in a separator)."""
+    paths = sysconfig.get_paths()
+    packages = {paths["purelib"], paths["platlib"], *site.getsitepackages()}
+    if site.ENABLE_USER_SITE:
+        packages.add(site.getusersitepackages())
+    return _roots(*packages)
 
 
 class CallSites:
@@ -89,6 +95,10 @@ class CallSites:
     def location(self, ident: int) -> tuple[str, int] | None:
         """(file, line) of an interned call site."""
         return self._locations.get(ident)
+
+    def files(self) -> set[str]:
+        """The files of every call site interned so far."""
+        return {file for file, _ in self._locations.values()}
 
 
 def generated_by_inductor(path: str) -> bool:

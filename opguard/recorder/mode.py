@@ -296,6 +296,11 @@ class OpRecorder(TorchDispatchMode):
     def intern_name(self, name: str) -> int:
         return int(self._writer.intern_name(name))
 
+    def call_site_files(self) -> set[str]:
+        """The files of the call sites recorded so far (whose packages the run's environment
+        names)."""
+        return self._sites.files()
+
     def info_for(self, key: Any, build: Callable[[], OpInfo]) -> OpInfo:
         """The cached :class:`OpInfo` of ``key`` (an ATen overload, a compiled region, a
         generated kernel), built on first use: op names are interned per trace."""

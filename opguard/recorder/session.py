@@ -24,9 +24,11 @@ from torch.optim.optimizer import (
 from .. import _C, __version__
 from ..capture_spec import DEFAULT_LIMIT, CaptureSpec, format_size
 from ..store import TraceError, TraceWriter, schema
+from ..store.environment import KEY as ENVIRONMENT
 from ..store.meta import read_meta, recorded_environment, write_meta
 from . import compiled
 from .capture import Capturer
+from .environment import environment
 from .kernels import KernelActivity
 from .mode import OpRecorder, StepState, TraceWriteFailed, failure_info
 from .ranks import distributed_info, env_rank, prepared_by_parent, wait_for_rank0
@@ -136,6 +138,7 @@ class RecordingSession:
                 "devices": self.meta["devices"],
             },
         )
+        self.writer.put_info(ENVIRONMENT, self.meta[ENVIRONMENT])
         self._recorder = OpRecorder(self.writer, self.state, self._on_failure)
         self._recorder.verify_inputs = self.verify_inputs
         if self.capture is not None:
@@ -185,6 +188,9 @@ class RecordingSession:
         self._note_distributed()
         if self._distributed is not None:
             self.writer.put_info("distributed", self._distributed)
+        # Settings the script made after recording started, and the packages of its call sites.
+        self.meta[ENVIRONMENT] = environment(recorder.call_site_files())
+        self.writer.put_info(ENVIRONMENT, self.meta[ENVIRONMENT])
         if self._capturer is not None:
             self._report_capture(self._capturer)
         for hook in self._hooks:
@@ -215,6 +221,7 @@ class RecordingSession:
             self.meta = {
                 **read_meta(self.run_dir),
                 **end,
+                ENVIRONMENT: self.meta[ENVIRONMENT],
                 "ended": time.time(),
                 "recorder_failure": self.failure and self.failure["error"],
             }
@@ -335,6 +342,7 @@ class RecordingSession:
             "devices": _devices(),
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
             "env": recorded_environment(),
+            ENVIRONMENT: environment(),
             "steps_limit": self.steps_limit,
             # "disabled": recorded with torch.compile turned off (opguard record --eager)
             "torch_compile": "disabled" if self.eager else "enabled",

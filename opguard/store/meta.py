@@ -21,10 +21,17 @@ from .errors import TraceError
 NUMERICS_ENV = (
     "CUDA_VISIBLE_DEVICES",
     "CUBLAS_WORKSPACE_CONFIG",
+    "CUBLASLT_WORKSPACE_SIZE",
     "NVIDIA_TF32_OVERRIDE",
     "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    "TORCH_BLAS_PREFER_CUBLASLT",
+    "CUDA_LAUNCH_BLOCKING",
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
+    "MKL_CBWR",
+    "ATEN_CPU_CAPABILITY",
+    "DNNL_MAX_CPU_ISA",
+    "ONEDNN_MAX_CPU_ISA",
     "PYTHONHASHSEED",
     "NCCL_ALGO",
     "NCCL_PROTO",
@@ -59,6 +66,7 @@ FIELD_CHECKS = {
     "argv": _strings,
     "devices": _strings,
     "env": lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+    "environment": lambda v: isinstance(v, dict),  # store.environment
     "status": _text,
     "error": _text,
     "stopped": _text,
@@ -78,6 +86,12 @@ FIELD_CHECKS = {
 
 def recorded_environment() -> dict[str, str]:
     return {k: os.environ[k] for k in ENV_ALLOW_LIST if k in os.environ}
+
+
+def numerics_environment() -> dict[str, str | None]:
+    """Every variable that changes numerics, ``None`` when unset: unlike ``env`` (the variables
+    that were set), it says which were not."""
+    return {k: os.environ.get(k) for k in NUMERICS_ENV}
 
 
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:

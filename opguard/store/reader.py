@@ -23,6 +23,7 @@ import msgpack
 
 from . import schema
 from .captures import CapturedTensor, parse_key
+from .environment import Environment, environment_of
 from .errors import DamagedRecord, TraceError
 from .meta import check_schema, read_meta
 from .pagecheck import check_snapshot
@@ -103,9 +104,10 @@ _ENVIRONMENTS = _Environments()
 class RankTrace:
     """One rank's ops. Cheap to open; safe to use while the recorder is still writing."""
 
-    def __init__(self, path: Path, rank: int) -> None:
+    def __init__(self, path: Path, rank: int, meta: dict[str, Any] | None = None) -> None:
         self.path = path
         self.rank = rank
+        self.meta = meta or {}  # its run's meta.json
         self.damage: str | None = None  # set when reading stopped at a damaged record
         try:
             self._env = _ENVIRONMENTS.acquire(path)
@@ -151,6 +153,12 @@ class RankTrace:
 
     def close(self) -> None:
         _ENVIRONMENTS.release(self.path)
+
+    @property
+    def environment(self) -> Environment:
+        """The environment this rank computed in, as far as it was recorded
+        (:func:`~.environment.environment_of`)."""
+        return environment_of(self.meta, self.info)
 
     @property
     def finished(self) -> bool:
@@ -492,7 +500,7 @@ class Run:
         if rank not in self.ranks:
             raise TraceError(f"{self.path}: no rank {rank} (ranks: {self.ranks or 'none'})")
         if rank not in self._traces:
-            self._traces[rank] = RankTrace(self.path / schema.rank_dir_name(rank), rank)
+            self._traces[rank] = RankTrace(self.path / schema.rank_dir_name(rank), rank, self.meta)
         return self._traces[rank]
 
     def close(self) -> None:

@@ -231,9 +231,7 @@ class DebugCursor:
         def equal_throughout(step: int) -> bool:
             return not self.source.may_differ(step)
 
-        return self._scan(
-            lambda row: row.status.differs, forward=forward, skip=equal_throughout
-        )
+        return self._scan(lambda row: row.status.differs, forward=forward, skip=equal_throughout)
 
     def find_over(self) -> Position | None:
         """The next op no deeper in the call stack: the ops of calls made here are passed."""

@@ -12,7 +12,8 @@ from ..session import RunState
 
 
 class RunHeader(Static):
-    """Three lines: verdict, rank and step; the runs; the divergence summary or a notice."""
+    """Three lines: verdict, rank and step; the runs; the divergence summary and its likely
+    causes, or a notice."""
 
     _shown: Text | None = None
 
@@ -53,6 +54,12 @@ class RunHeader(Static):
             text.append(f" {failed}", style="red")
         elif diff is not None and diff.first is not None:
             text.append(f" {diff.first.summary}")
+            # The summary names an origin's most likely cause; the others follow it.
+            others = [
+                c.cause for c in diff.first.likely_causes if c.cause not in diff.first.summary
+            ]
+            if others:
+                text.append("  likely: " + " · ".join(others), style="italic")
         elif diff is not None:
             text.append(f" {diff.aligned} aligned ops, all equal", style="green")
         else:
