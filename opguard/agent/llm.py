@@ -3,7 +3,8 @@
 Everything else in the agent speaks :class:`Request`, text pieces and :class:`Reply`, so a test
 (or another client) can inject any :data:`Completion` callable, the way httpx takes a transport.
 LiteLLM costs seconds to import and, by default, fetches its cost map from the internet: it is
-imported on first use only, with the local cost map, and its banner off.
+imported only when a model is asked (never for the offline reading), with the local cost map,
+and its banner off. Without it, asking a model is a :class:`ConfigError` saying to install it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from .config import ConfigError
 from .secrets import Secret, redact
 
 
@@ -62,10 +64,17 @@ Completion = Callable[[Request], Iterator[str | Reply]]
 
 @functools.cache
 def litellm() -> ModuleType:
-    """LiteLLM, imported once, offline: the cost map bundled with it, no banner."""
+    """LiteLLM, imported once, offline: the cost map bundled with it, no banner. Raises
+    ConfigError when it cannot be imported (only asking a model needs it)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm as module
-
+    try:
+        import litellm as module
+    except Exception as exc:  # not installed, or an install that fails to import
+        raise ConfigError(
+            f"asking a model needs LiteLLM, which cannot be imported ({type(exc).__name__}: "
+            f"{exc}): install it with pip install litellm, or leave out the model for the "
+            "offline reading"
+        ) from None
     module.suppress_debug_info = True
     return module
 
