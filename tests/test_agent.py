@@ -47,8 +47,9 @@ from opguard.agent import (
     open_session,
     resolve_settings,
 )
+from opguard.agent.config import KEYLESS_SERVER_KEY
 from opguard.agent.evidence import COUNT_MODEL
-from opguard.agent.llm import count_tokens
+from opguard.agent.llm import count_tokens, missing_keys
 from opguard.agent.panel import AgentChat
 from opguard.analysis import diff_runs
 from opguard.cli import main
@@ -398,6 +399,56 @@ def test_litellm_mock_response_priced_from_the_cost_map(tiny: dict[str, Path]) -
     assert agent.budget.pricing.source == "LiteLLM's cost map"
 
 
+# -- provider keys, checked before the first call ------------------------------------------------
+
+
+def test_missing_provider_key_is_named_before_any_call(
+    capsys: pytest.CaptureFixture[str], tiny: dict[str, Path]
+) -> None:
+    """GROQ_API_KEY unset: one line naming it, before a call is even planned (it used to come
+    back as LiteLLM's error from the failed request)."""
+    code, out, err = explain(capsys, str(tiny["a"]), str(tiny["b"]), "--model", COUNT_MODEL)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "needs GROQ_API_KEY, which is not set" in err and "--api-key" in err
+    assert "· call" not in out
+
+
+def test_local_server_needs_no_key(
+    capsys: pytest.CaptureFixture[str], tiny: dict[str, Path]
+) -> None:
+    """The README's local-server line, as written: no key anywhere (OPENAI_API_KEY unset)."""
+    with stub_provider(Answer(text=("The learning rate doubled.",))) as stub:
+        code, out, err = explain(
+            capsys,
+            str(tiny["a"]),
+            str(tiny["b"]),
+            *("--model", "openai/qwen", "--api-base", stub.url),
+            *("--input-price", "0", "--output-price", "0"),
+        )
+    assert code == 1, err
+    assert "The learning rate doubled." in out and "spent $0.000000" in out
+    (request,) = stub.requests
+    headers = {k.lower(): v for k, v in request["headers"].items()}
+    assert headers["authorization"] == f"Bearer {KEYLESS_SERVER_KEY}"
+
+
+def test_keys_are_litellms_knowledge_of_the_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("ANTHROPIC_API_KEY", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    anthropic = AgentSettings(model="anthropic/claude-sonnet-4-5")
+    with pytest.raises(ConfigError, match="needs ANTHROPIC_API_KEY, which is not set: set it "):
+        anthropic.for_provider(missing_keys)
+    with pytest.raises(ConfigError, match="AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, which are"):
+        AgentSettings(model="bedrock/anthropic.claude-v2").for_provider(missing_keys)
+    given = AgentSettings(model="anthropic/claude-sonnet-4-5", api_key=Secret(KEY))
+    assert given.for_provider(missing_keys) is given  # a key given stands in for the variable
+    served = AgentSettings(model="openai/qwen", api_base="http://127.0.0.1:8000/v1")
+    placeholder = served.for_provider(missing_keys).api_key
+    assert placeholder is not None and placeholder.reveal() == KEYLESS_SERVER_KEY
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    assert anthropic.for_provider(missing_keys) is anthropic  # LiteLLM reads it itself
+
+
 # -- follow-up tools ------------------------------------------------------------------------------
 
 
@@ -641,6 +692,18 @@ async def test_panel_without_a_model_shows_the_reading(tiny: dict[str, Path]) ->
         await settle(app, pilot)
         answer = app.query_one("#agent-answer", Markdown).source
         assert "argument `alpha` differs" in answer and "--model" in answer
+        assert app.query_one("#agent-question", Input).disabled
+
+
+async def test_panel_names_a_missing_key(tiny: dict[str, Path]) -> None:
+    """The TUI's panel checks the key as ``explain`` does (the same session code)."""
+    chat = AgentChat.for_runs(
+        Run(tiny["a"]), Run(tiny["b"]), settings=AgentSettings(model=COUNT_MODEL)
+    )
+    app = ChatApp(chat)
+    async with app.run_test() as pilot:
+        await settle(app, pilot)
+        assert "needs GROQ_API_KEY, which is not set" in shown_error(app)
         assert app.query_one("#agent-question", Input).disabled
 
 

@@ -104,6 +104,16 @@ def listed_prices(model: str) -> tuple[float, float] | None:
     return float(prices[0]), float(prices[1])
 
 
+def missing_keys(model: str, api_key: Secret | None) -> list[str]:
+    """The environment variables ``model``'s provider needs that are not set, as LiteLLM knows
+    them (``GROQ_API_KEY``; ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY``); none when
+    ``api_key`` stands in for them or LiteLLM does not know the provider."""
+    found = litellm().validate_environment(
+        model=model, api_key=api_key.reveal() if api_key else None
+    )
+    return [str(name) for name in found.get("missing_keys") or ()]
+
+
 class LiteLLMCompletion:
     """The default :data:`Completion`: one streamed ``litellm.completion`` call.
 
