@@ -3,9 +3,10 @@ bundle next to the tokens of what one would otherwise paste into a model, namely
 full stdout and stderr plus the unfiltered op dump of both runs (``opguard show RUN --ops 0:
 --json``).
 
-Tokens are counted with LiteLLM's ``token_counter`` for the model the bundle is counted for by
-default (``groq/openai/gpt-oss-20b``). The scenarios are recorded with ``opguard record`` into
-``--dir`` (runs already there are reused).
+Tokens are counted with LiteLLM's ``token_counter`` for ``groq/openai/gpt-oss-20b``, the model
+the offline estimate (what ``opguard explain`` without a model reports, LiteLLM unimported)
+approximates; the estimate and its error are shown beside the count. The scenarios are recorded
+with ``opguard record`` into ``--dir`` (runs already there are reused).
 
     python bench/evidence_tokens.py [--dir DIR] [--json F]
 """
@@ -63,16 +64,19 @@ def measure(run_a: Path, run_b: Path) -> dict[str, object]:
     first = result.first
     raw_logs = logs(run_a) + logs(run_b)
     dump = op_dump(run_a) + op_dump(run_b)
+    bundle_tokens = count_tokens(COUNT_MODEL, text=evidence.text)
     log_tokens = count_tokens(COUNT_MODEL, text=raw_logs)
     dump_tokens = count_tokens(COUNT_MODEL, text=dump)
     return {
         "pair": f"{run_a.name} vs {run_b.name}",
         "verdict": evidence.verdict,
         "cause": first.cause if first else "-",
-        "bundle_tokens": evidence.tokens,
+        "bundle_tokens": bundle_tokens,
+        "estimate": evidence.tokens,
+        "estimate_error": evidence.tokens / bundle_tokens - 1,
         "log_tokens": log_tokens,
         "dump_tokens": dump_tokens,
-        "ratio": (log_tokens + dump_tokens) / evidence.tokens,
+        "ratio": (log_tokens + dump_tokens) / bundle_tokens,
     }
 
 
@@ -85,12 +89,16 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     runs = recorded(root, {name for pair in PAIRS for name in pair})
     rows = [measure(runs[a], runs[b]) for a, b in PAIRS]
-    header = f"{'pair':<24} {'verdict':<9} {'cause':<9} {'bundle':>7} {'logs':>7} {'op dump':>10} {'saving':>8}"
+    header = (
+        f"{'pair':<24} {'verdict':<9} {'cause':<9} {'bundle':>7} {'estimate':>14} "
+        f"{'logs':>7} {'op dump':>10} {'saving':>8}"
+    )
     print(f"tokens counted for {COUNT_MODEL}\n{header}")
     for r in rows:
+        estimate = f"{r['estimate']:,} ({r['estimate_error']:+.1%})"
         print(
             f"{r['pair']:<24} {r['verdict']:<9} {r['cause']:<9} {r['bundle_tokens']:>7,} "
-            f"{r['log_tokens']:>7,} {r['dump_tokens']:>10,} {r['ratio']:>7,.0f}x"
+            f"{estimate:>14} {r['log_tokens']:>7,} {r['dump_tokens']:>10,} {r['ratio']:>7,.0f}x"
         )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

@@ -9,6 +9,7 @@ bundle's size is checked on every scenario pair of the suite, reusing its record
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -19,8 +20,10 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import run_cli
 from llm_stub import Answer, StubProvider, stub_provider
 from scenario_runs import PAIRS, Recordings, session_recordings
+from test_imports import BLOCKER, _explain, cli_without
 from textual.app import App, ComposeResult
 from textual.containers import Vertical
 from textual.reactive import reactive
@@ -44,7 +47,9 @@ from opguard.agent import (
     open_session,
     resolve_settings,
 )
-from opguard.agent.llm import count_tokens
+from opguard.agent.config import KEYLESS_SERVER_KEY
+from opguard.agent.evidence import COUNT_MODEL
+from opguard.agent.llm import count_tokens, missing_keys
 from opguard.agent.panel import AgentChat
 from opguard.analysis import diff_runs
 from opguard.cli import main
@@ -54,6 +59,7 @@ KEY = "sk-opguard-PLANTED-7f3a9c1e5b2d"
 IN_PRICE, OUT_PRICE = 2.0, 8.0  # USD per million tokens, for the stub model
 MAX_OUTPUT = 2048  # the default output limit of a call
 BUNDLE_LIMIT = 1500
+ESTIMATE_ERROR = 0.1  # the offline token estimate, relative to LiteLLM's count
 SCRIPTED_USAGE = Usage(400, 25)
 
 
@@ -179,8 +185,10 @@ def test_bundle_fits_and_holds_the_facts(scenarios: Recordings, a: str, b: str) 
         result = diff_runs(ra, rb)
         evidence = open_session(result, ra, rb, AgentSettings()).evidence
         again = open_session(diff_runs(ra, rb), ra, rb, AgentSettings()).evidence
-    assert evidence.tokens <= BUNDLE_LIMIT, evidence.text
-    assert evidence.token_model == "groq/openai/gpt-oss-20b"
+    counted = count_tokens(COUNT_MODEL, text=evidence.text)
+    assert counted <= BUNDLE_LIMIT, evidence.text
+    assert evidence.estimated and evidence.token_model == "groq/openai/gpt-oss-20b"
+    assert abs(evidence.tokens - counted) <= ESTIMATE_ERROR * counted, (evidence.tokens, counted)
     assert (again.text, again.data) == (evidence.text, evidence.data)  # deterministic
     for fact in FACTS[b]:
         assert fact in evidence.text, (fact, evidence.text)
@@ -207,7 +215,50 @@ def test_no_model_json(capsys: pytest.CaptureFixture[str], tiny: dict[str, Path]
     assert report["agent"] is None and "--model" in report["how_to_enable"]
     evidence = report["evidence"]
     assert evidence["first_divergence"]["arguments_differ"][0]["name"] == "alpha"
-    assert evidence["tokens"]["count"] > 0 and evidence["reading"]
+    assert evidence["reading"]
+    counted = count_tokens(COUNT_MODEL, text=report["evidence_text"])
+    tokens = evidence["tokens"]
+    assert tokens["estimated"] and tokens["model"] == COUNT_MODEL
+    assert abs(tokens["count"] - counted) <= ESTIMATE_ERROR * counted, (tokens, counted)
+
+
+def test_offline_reading_imports_no_llm_library(tiny: dict[str, Path], tmp_path: Path) -> None:
+    """Without a model, ``explain`` never imports LiteLLM (seconds of start-up), not even
+    behind a guard: its token count is an estimate."""
+    a, b, same = (str(tiny[name]) for name in ("a", "b", "same"))
+    outcome = cli_without(
+        ["litellm"],
+        [["explain", a, b], ["explain", a, b, "--json"], ["explain", a, same]],
+        tmp_path,
+    )
+    assert outcome["codes"] == [1, 1, 0]
+    assert outcome["attempts"] == [], _explain(outcome)
+    assert outcome["loaded"] == []
+
+
+def test_without_litellm_the_reading_works_and_a_model_is_one_line(
+    tiny: dict[str, Path], tmp_path: Path
+) -> None:
+    """``opguard explain`` where ``import litellm`` fails (a meta-path blocker installed by a
+    sitecustomize on PYTHONPATH): the offline reading as usual, exit status as the verdict
+    says; asking a model, one line saying to install LiteLLM."""
+    (tmp_path / "sitecustomize.py").write_text(f"FORBIDDEN = ['litellm']\n{BLOCKER}")
+    env = {"PYTHONPATH": str(tmp_path)}
+    probe = subprocess.run(
+        [sys.executable, "-c", "import litellm"], env={**os.environ, **env}, capture_output=True
+    )
+    assert probe.returncode == 1 and b"refused by the test" in probe.stderr  # the blocker works
+    a, b, same = (str(tiny[name]) for name in ("a", "b", "same"))
+    diverged = run_cli("explain", a, b, cwd=tmp_path, env=env)
+    assert diverged.returncode == 1 and diverged.stderr == "", diverged.stderr
+    assert "argument `alpha` differs: -0.1 vs -0.2" in diverged.stdout
+    identical = run_cli("explain", a, same, "--json", cwd=tmp_path, env=env)
+    assert identical.returncode == 0 and json.loads(identical.stdout)["verdict"] == "identical"
+    model = ("--model", "groq/openai/gpt-oss-20b")
+    asked = run_cli("explain", a, b, *model, cwd=tmp_path, env=env)
+    assert asked.returncode == 2 and asked.stderr.count("\n") == 1, asked.stderr
+    assert asked.stderr.startswith("opguard: error: asking a model needs LiteLLM")
+    assert "pip install litellm" in asked.stderr and "Traceback" not in asked.stderr
 
 
 def test_identical_runs_call_no_model(
@@ -353,6 +404,56 @@ def test_litellm_mock_response_priced_from_the_cost_map(tiny: dict[str, Path]) -
         charge.prompt_tokens * 7.5e-08 + charge.completion_tokens * 3e-07
     )
     assert agent.budget.pricing.source == "LiteLLM's cost map"
+
+
+# -- provider keys, checked before the first call ------------------------------------------------
+
+
+def test_missing_provider_key_is_named_before_any_call(
+    capsys: pytest.CaptureFixture[str], tiny: dict[str, Path]
+) -> None:
+    """GROQ_API_KEY unset: one line naming it, before a call is even planned (it used to come
+    back as LiteLLM's error from the failed request)."""
+    code, out, err = explain(capsys, str(tiny["a"]), str(tiny["b"]), "--model", COUNT_MODEL)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "needs GROQ_API_KEY, which is not set" in err and "--api-key" in err
+    assert "· call" not in out
+
+
+def test_local_server_needs_no_key(
+    capsys: pytest.CaptureFixture[str], tiny: dict[str, Path]
+) -> None:
+    """The README's local-server line, as written: no key anywhere (OPENAI_API_KEY unset)."""
+    with stub_provider(Answer(text=("The learning rate doubled.",))) as stub:
+        code, out, err = explain(
+            capsys,
+            str(tiny["a"]),
+            str(tiny["b"]),
+            *("--model", "openai/qwen", "--api-base", stub.url),
+            *("--input-price", "0", "--output-price", "0"),
+        )
+    assert code == 1, err
+    assert "The learning rate doubled." in out and "spent $0.000000" in out
+    (request,) = stub.requests
+    headers = {k.lower(): v for k, v in request["headers"].items()}
+    assert headers["authorization"] == f"Bearer {KEYLESS_SERVER_KEY}"
+
+
+def test_keys_are_litellms_knowledge_of_the_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("ANTHROPIC_API_KEY", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    anthropic = AgentSettings(model="anthropic/claude-sonnet-4-5")
+    with pytest.raises(ConfigError, match="needs ANTHROPIC_API_KEY, which is not set: set it "):
+        anthropic.for_provider(missing_keys)
+    with pytest.raises(ConfigError, match="AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, which are"):
+        AgentSettings(model="bedrock/anthropic.claude-v2").for_provider(missing_keys)
+    given = AgentSettings(model="anthropic/claude-sonnet-4-5", api_key=Secret(KEY))
+    assert given.for_provider(missing_keys) is given  # a key given stands in for the variable
+    served = AgentSettings(model="openai/qwen", api_base="http://127.0.0.1:8000/v1")
+    placeholder = served.for_provider(missing_keys).api_key
+    assert placeholder is not None and placeholder.reveal() == KEYLESS_SERVER_KEY
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    assert anthropic.for_provider(missing_keys) is anthropic  # LiteLLM reads it itself
 
 
 # -- follow-up tools ------------------------------------------------------------------------------
@@ -601,9 +702,22 @@ async def test_panel_without_a_model_shows_the_reading(tiny: dict[str, Path]) ->
         assert app.query_one("#agent-question", Input).disabled
 
 
+async def test_panel_names_a_missing_key(tiny: dict[str, Path]) -> None:
+    """The TUI's panel checks the key as ``explain`` does (the same session code)."""
+    chat = AgentChat.for_runs(
+        Run(tiny["a"]), Run(tiny["b"]), settings=AgentSettings(model=COUNT_MODEL)
+    )
+    app = ChatApp(chat)
+    async with app.run_test() as pilot:
+        await settle(app, pilot)
+        assert "needs GROQ_API_KEY, which is not set" in shown_error(app)
+        assert app.query_one("#agent-question", Input).disabled
+
+
 def test_recorder_store_and_cli_start_without_the_agent(tmp_path: Path) -> None:
     """The agent is a front end: recording and reading traces never import it, and building
-    the command line imports neither it nor LiteLLM (``explain`` does, when it runs)."""
+    the command line imports neither it nor LiteLLM (``explain`` imports the agent when it runs,
+    and LiteLLM only to ask a model)."""
     probe = (
         "import sys, opguard.recorder, opguard.store\n"
         "def loaded(): return sorted(m for m in sys.modules if m.partition('.')[0] == 'litellm'"

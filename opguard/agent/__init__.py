@@ -1,8 +1,8 @@
 """Explaining a divergence: the evidence bundle, its rule-based reading, and a conversation with
 any LiteLLM model under a per-session budget.
 
-Importing this package never imports LiteLLM (seconds, and network unless told otherwise): only
-counting tokens or calling a model does. Neither does it import Textual: the TUI's panel lives
+Importing this package never imports LiteLLM (seconds, and network unless told otherwise), nor
+does the offline reading (its token count is an estimate): only asking a model does. Neither does it import Textual: the TUI's panel lives
 in :mod:`opguard.agent.panel`, imported by the TUI alone.
 """
 

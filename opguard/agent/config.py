@@ -4,6 +4,8 @@ Each setting comes from the first place that has it: a command-line flag, the en
 (``OPGUARD_MODEL``, ``OPGUARD_API_BASE``; provider keys such as ``GROQ_API_KEY`` are read by
 LiteLLM itself), the ``[agent]`` table of ``~/.config/opguard/config.toml``, then the defaults
 below. The config file may hold an API key, so it is refused unless only its owner can read it.
+Before the first call the provider's key is checked (:meth:`AgentSettings.for_provider`), so a
+missing one is a line naming the variable to set rather than the provider's error.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 import stat
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,10 @@ DEFAULT_MAX_TOKENS = 40_000
 DEFAULT_MAX_OUTPUT = 2_048
 DEFAULT_ROUNDS = 3
 ENVIRONMENT = {"model": "OPGUARD_MODEL", "api_base": "OPGUARD_API_BASE"}
+# The key sent to a server given by its API base when none is configured: LiteLLM's OpenAI
+# client sends no request without one, and a local server ignores it (LiteLLM's own
+# placeholder for its keyless providers).
+KEYLESS_SERVER_KEY = "fake-api-key"
 
 
 class ConfigError(Exception):
@@ -99,6 +105,23 @@ class AgentSettings:
                 "local server)"
             )
         return Pricing(*prices, "LiteLLM's cost map")
+
+    def for_provider(self, missing: Callable[[str, Secret | None], list[str]]) -> AgentSettings:
+        """The settings a call goes out with, once ``missing`` (the environment variables the
+        model's provider needs and lacks) has nothing to say. A server given by its API base
+        needs no key (it is sent a placeholder when none is configured); otherwise a missing
+        variable is a ConfigError naming it."""
+        assert self.model is not None
+        unset = missing(self.model, self.api_key)
+        if not unset:
+            return self
+        if self.api_base is not None:
+            return self if self.api_key else replace(self, api_key=Secret(KEYLESS_SERVER_KEY))
+        is_, them = ("is", "it") if len(unset) == 1 else ("are", "them")
+        raise ConfigError(
+            f"model {self.model!r} needs {', '.join(unset)}, which {is_} not set: set {them} "
+            "in the environment, or give the key with --api-key or api_key in the config file"
+        )
 
 
 def config_path(env: Mapping[str, str]) -> Path:

@@ -33,9 +33,10 @@ from .describe import (
 from .llm import count_tokens
 from .metadata import differing_metadata
 from .reading import read_divergence
+from .tokens import estimate_tokens
 
 SCHEMA = "opguard.evidence/1"
-COUNT_MODEL = "groq/openai/gpt-oss-20b"  # tokens are counted for it when no model is chosen
+COUNT_MODEL = "groq/openai/gpt-oss-20b"  # the estimate approximates LiteLLM's count for it
 TENSORS_SHOWN = 3
 CHAIN_ENDS = 3  # a longer chain shows its first and last hops
 UNALIGNED_SHOWN = 5
@@ -46,22 +47,31 @@ RANKS_SHOWN = 4
 @dataclass(frozen=True)
 class Evidence:
     """The bundle as prompt text and as JSON (``opguard.evidence/1``), with its size in tokens
-    for ``token_model``."""
+    for ``token_model``: counted by LiteLLM, or ``estimated`` without it."""
 
     verdict: str
     text: str
     data: dict[str, Any]
     tokens: int
     token_model: str
+    estimated: bool
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.data, "tokens": {"count": self.tokens, "model": self.token_model}}
+        tokens = {"count": self.tokens, "model": self.token_model, "estimated": self.estimated}
+        return {**self.data, "tokens": tokens}
+
+    def size(self) -> str:
+        """``866 tokens (counted for M)``, or ``about 866 tokens (estimated)``."""
+        if self.estimated:
+            return f"about {self.tokens:,} tokens (estimated)"
+        return f"{self.tokens:,} tokens (counted for {self.token_model})"
 
 
 def build_evidence(
     result: RunDiff, run_a: Run, run_b: Run, *, model: str | None = None
 ) -> Evidence:
-    """The bundle of ``result``; its tokens are counted for ``model`` (or COUNT_MODEL)."""
+    """The bundle of ``result``; its tokens are counted for ``model`` by LiteLLM, or without a
+    model estimated (as LiteLLM would count them for COUNT_MODEL) and LiteLLM left unimported."""
     div = result.first
     meta = differing_metadata(result.meta_a, result.meta_b)
     reading = read_divergence(div, meta)
@@ -94,8 +104,9 @@ def build_evidence(
         "alignment": [_rank_json(r) for r in result.ranks],
         "reading": reading,
     }
-    counted_for = model or COUNT_MODEL
-    return Evidence(result.verdict, text, data, count_tokens(counted_for, text=text), counted_for)
+    if model is None:
+        return Evidence(result.verdict, text, data, estimate_tokens(text), COUNT_MODEL, True)
+    return Evidence(result.verdict, text, data, count_tokens(model, text=text), model, False)
 
 
 def _section(title: str, body: list[str]) -> list[str]:

@@ -3,7 +3,8 @@
 Everything else in the agent speaks :class:`Request`, text pieces and :class:`Reply`, so a test
 (or another client) can inject any :data:`Completion` callable, the way httpx takes a transport.
 LiteLLM costs seconds to import and, by default, fetches its cost map from the internet: it is
-imported on first use only, with the local cost map, and its banner off.
+imported only when a model is asked (never for the offline reading), with the local cost map,
+and its banner off. Without it, asking a model is a :class:`ConfigError` saying to install it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from .config import ConfigError
 from .secrets import Secret, redact
 
 
@@ -62,10 +64,17 @@ Completion = Callable[[Request], Iterator[str | Reply]]
 
 @functools.cache
 def litellm() -> ModuleType:
-    """LiteLLM, imported once, offline: the cost map bundled with it, no banner."""
+    """LiteLLM, imported once, offline: the cost map bundled with it, no banner. Raises
+    ConfigError when it cannot be imported (only asking a model needs it)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm as module
-
+    try:
+        import litellm as module
+    except Exception as exc:  # not installed, or an install that fails to import
+        raise ConfigError(
+            f"asking a model needs LiteLLM, which cannot be imported ({type(exc).__name__}: "
+            f"{exc}): install it with pip install litellm, or leave out the model for the "
+            "offline reading"
+        ) from None
     module.suppress_debug_info = True
     return module
 
@@ -93,6 +102,16 @@ def listed_prices(model: str) -> tuple[float, float] | None:
     if prices[0] is None or prices[1] is None:
         return None
     return float(prices[0]), float(prices[1])
+
+
+def missing_keys(model: str, api_key: Secret | None) -> list[str]:
+    """The environment variables ``model``'s provider needs that are not set, as LiteLLM knows
+    them (``GROQ_API_KEY``; ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY``); none when
+    ``api_key`` stands in for them or LiteLLM does not know the provider."""
+    found = litellm().validate_environment(
+        model=model, api_key=api_key.reveal() if api_key else None
+    )
+    return [str(name) for name in found.get("missing_keys") or ()]
 
 
 class LiteLLMCompletion:

@@ -1,9 +1,9 @@
 """The agent's chat for the TUI: a question box about the selected op or the divergence, the
 answer streaming in as Markdown, and a budget meter (spent, bound of the next call, cap).
 
-The widget opens its :class:`~opguard.agent.session.Session` in a worker thread (diffing and
-counting tokens take seconds; LiteLLM alone takes seconds to import), so mounting it never
-blocks the debugger. Refusals and provider errors are shown in the panel, and the question stays
+The widget opens its :class:`~opguard.agent.session.Session` in a worker thread (diffing takes
+seconds on large traces, and with a model LiteLLM alone takes seconds to import), so mounting it
+never blocks the debugger. Refusals and provider errors are shown in the panel, and the question stays
 in the box to be asked again. It depends on the debugger only through :class:`Selected`: when
 its parent has a ``selection`` reactive of that shape (the TUI's agent panel does), questions
 follow the op under the cursor.
@@ -140,7 +140,7 @@ class AgentChat(Vertical):
                 if session.result.first is None
                 else HOW_TO_ENABLE
             )
-            status.update(f"Agent: offline reading ({evidence.tokens:,}-token evidence)")
+            status.update(f"Agent: offline reading (evidence: {evidence.size()})")
             await self.query_one("#agent-answer", Markdown).update(f"{reading}\n\n{why}")
             return
         status.update(f"Agent: {agent.model}; evidence {evidence.tokens:,} tokens")

@@ -1,6 +1,7 @@
 """One explain session over a diff, as the CLI and the TUI both open it: the evidence bundle
 and its rule-based reading always; an agent, with its own budget, when a model is configured
-and there is something to explain."""
+and there is something to explain. Only the agent needs LiteLLM: without one, it is never
+imported (the offline reading takes a fraction of a second instead of seconds)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from .budget import Budget
 from .config import AgentSettings
 from .conversation import Agent
 from .evidence import Evidence, build_evidence
-from .llm import Completion, LiteLLMCompletion, listed_prices
+from .llm import Completion, LiteLLMCompletion, listed_prices, litellm, missing_keys
 from .tools import TraceTools
 
 HOW_TO_ENABLE = (
@@ -43,12 +44,17 @@ def open_session(
     complete: Completion | None = None,
 ) -> Session:
     """Builds the evidence and, when there is a model and a divergence, an agent. Raises
-    ConfigError when the model's price is unknown and not given (no call could be bounded)."""
-    evidence = build_evidence(result, run_a, run_b, model=settings.model)
+    ConfigError, before any call, when LiteLLM cannot be imported, when the model's price is
+    unknown and not given (no call could be bounded), or when the provider's key is missing
+    (checked for LiteLLM's own completion; an injected ``complete`` brings its provider)."""
     first = result.first
     if settings.model is None or first is None:
-        return Session(result, evidence, settings, None)
+        return Session(result, build_evidence(result, run_a, run_b), settings, None)
+    litellm()  # counting the prompt's tokens needs it, whoever completes
     budget = Budget(settings.budget, settings.max_tokens, settings.pricing(listed_prices))
-    tools = TraceTools(run_a, run_b, first.rank)
-    agent = Agent(evidence, settings, budget, tools, complete or LiteLLMCompletion())
+    if complete is None:
+        settings = settings.for_provider(missing_keys)
+        complete = LiteLLMCompletion()
+    evidence = build_evidence(result, run_a, run_b, model=settings.model)
+    agent = Agent(evidence, settings, budget, TraceTools(run_a, run_b, first.rank), complete)
     return Session(result, evidence, settings, agent)

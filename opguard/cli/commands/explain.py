@@ -15,7 +15,7 @@ from ...analysis import diff_runs
 from ...store import Run
 from .base import CommandError, print_json, tool_errors
 
-if TYPE_CHECKING:  # the agent (and LiteLLM behind it) is imported only when explain runs
+if TYPE_CHECKING:  # the agent is imported only when explain runs, LiteLLM only for a model
     from ...agent import Agent, Event, Session
 
 SCHEMA = "opguard.explain/1"
@@ -158,7 +158,7 @@ def _print_opening(session: Session) -> None:
         )
         return
     print(evidence.text)
-    print(f"evidence: {evidence.tokens:,} tokens (counted for {evidence.token_model})")
+    print(f"evidence: {evidence.size()}")
     if session.result.first is None:
         print("The runs are identical: nothing to explain, no model asked.")
     else:
