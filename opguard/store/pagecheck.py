@@ -10,13 +10,13 @@ or its overflow pages. Problems are :class:`TraceError` (one line for the user).
 
 It reads the on-disk format of LMDB 0.9 as built for 64-bit little-endian machines (the only
 format py-lmdb writes there); anything else is reported as unreadable rather than guessed at.
-The walk reads each page header and node header once: it costs a fraction of a full read.
-Pages are checked as array operations a window of the file at a time (a trace's ops database
-has a leaf page per few records, too many to check one by one in Python), and each window's
-pages are unmapped from the process once checked (:data:`WINDOW_BYTES`): a mapped page the walk
-touched would otherwise stay resident until the file is closed, and checking a trace would
-hold all of it in memory. With at most :data:`LEVEL_BATCH` pages of a tree level in hand at a
-time, the check's memory is the same for a trace of any size.
+The walk reads each page header and node header once: it costs a fraction of a full read. The
+pages of a tree level are checked as array operations (a trace's ops database has a leaf page
+per few records, too many to check one by one in Python) a window of the file at a time, and
+each window is unmapped from the process once checked: a mapped page the walk touched would
+otherwise stay resident until the file is closed, and checking a trace would hold all of it in
+memory. With a window of each level and at most :data:`LEVEL_BATCH` of its pages in hand, the
+check's memory is the same for a trace of any size.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ P_INVALID = (1 << 64) - 1
 # pages at a time before the level below them: together they bound the check's memory.
 WINDOW_BYTES = 1 << 21
 LEVEL_BATCH = 1 << 16
+_DONTNEED: int | None = getattr(mmap, "MADV_DONTNEED", None)  # None: no madvise here
 
 # Page flags.
 P_BRANCH, P_LEAF, P_OVERFLOW = 0x01, 0x02, 0x04
@@ -67,9 +68,6 @@ _DB = struct.Struct("<IHHQQQQQ")
 # MDB_meta after the page header: magic, version, address, map size, free DB, main DB,
 # last page, transaction id.
 _META = struct.Struct(f"<IIQQ{_DB.size}s{_DB.size}sQQ")
-
-
-_DONTNEED: int | None = getattr(mmap, "MADV_DONTNEED", None)  # None: no madvise here
 
 
 class _Damaged(Exception):
