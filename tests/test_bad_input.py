@@ -15,6 +15,7 @@ import json
 import os
 import random
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -107,6 +108,23 @@ def _flipped(seed: int, flips: int) -> Callable[[Path, Path], Path]:
         return run
 
     return build
+
+
+def _value_past_its_page(g: Path, d: Path) -> Path:
+    """The good run with op 5's record claiming 64 KiB more than its leaf page holds: the high
+    half of the size in its node header set (in every copy of the node in the file, the stale
+    ones of earlier commits included)."""
+    run = _copy(g, d)
+    data = bytearray(_data(run).read_bytes())
+    # A plain node: data size (lo, hi), flags 0, key size 8, then the key.
+    header = struct.pack("<HH", 0, 8) + schema.op_key(5)
+    at = data.find(header)
+    assert at > 0
+    while at > 0:
+        data[at - 2] |= 1  # the low byte of hi
+        at = data.find(header, at + 1)
+    _data(run).write_bytes(bytes(data))
+    return run
 
 
 def _meta_edited(edit: Callable[[dict[str, Any]], object]) -> Callable[[Path, Path], Path]:
@@ -288,6 +306,7 @@ PATH_CASES: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
     "data-truncated-to-2-pages": (_truncated(lambda n: 8192), ERROR),
     "data-truncated-by-half": (_truncated(lambda n: n // 2), ERROR),
     "data-truncated-by-1-page": (_truncated(lambda n: n - 4096), ERROR),
+    "data-value-past-its-page": (_value_past_its_page, ERROR),
     "non-trace-lmdb": (_foreign_lmdb, ERROR),
     "plain-lmdb-as-run": (_plain_lmdb, ERROR),
     "info-newer-schema": (_lmdb_edited(_put("info", b"schema", msgpack.packb(999))), ERROR),
@@ -501,6 +520,7 @@ def test_refusals_say_what_is_wrong(
     assert "no valid schema version" in said("meta-no-schema/0:show")
     assert "truncated" in said("data-truncated-by-half/0:show")
     assert "truncated" in said("data-truncated-by-1-page/4:diff")
+    assert "has a damaged node" in said("data-value-past-its-page/4:diff")
     assert "damaged run metadata (field 'command')" in said("meta-damaged-command/0:show")
     assert "no such module" in said("args/record-missing-module")
     for case in ("args/diff-unrelated-programs", "args/explain-unrelated-programs"):

@@ -10,7 +10,13 @@ or its overflow pages. Problems are :class:`TraceError` (one line for the user).
 
 It reads the on-disk format of LMDB 0.9 as built for 64-bit little-endian machines (the only
 format py-lmdb writes there); anything else is reported as unreadable rather than guessed at.
-The walk reads each page header and node header once: it costs a fraction of a full read.
+The walk reads each page header and node header once: it costs a fraction of a full read. The
+pages of a tree level are checked as array operations (a trace's ops database has a leaf page
+per few records, too many to check one by one in Python) a window of the file at a time, and
+each window is unmapped from the process once checked: a mapped page the walk touched would
+otherwise stay resident until the file is closed, and checking a trace would hold all of it in
+memory. With a window of each level and at most :data:`LEVEL_BATCH` of its pages in hand, the
+check's memory is the same for a trace of any size.
 """
 
 from __future__ import annotations
@@ -18,9 +24,12 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from .errors import TraceError
 
@@ -30,6 +39,12 @@ PAGE_HEADER = 16  # pgno u64, pad u16, flags u16, lower u16, upper u16 (or pages
 NODE_HEADER = 8  # lo u16, hi u16, flags u16, ksize u16
 MAX_DEPTH = 32  # LMDB's cursor stack: no tree is deeper
 P_INVALID = (1 << 64) - 1
+
+# The file is checked (and unmapped) this many bytes at a time, and one tree level this many
+# pages at a time before the level below them: together they bound the check's memory.
+WINDOW_BYTES = 1 << 21
+LEVEL_BATCH = 1 << 16
+_DONTNEED: int | None = getattr(mmap, "MADV_DONTNEED", None)  # None: no madvise here
 
 # Page flags.
 P_BRANCH, P_LEAF, P_OVERFLOW = 0x01, 0x02, 0x04
@@ -41,6 +56,12 @@ _OVERFLOW_PAGES = struct.Struct("<I")
 _NODE = struct.Struct("<HHHH")
 _PTR = struct.Struct("<H")
 _PGNO = struct.Struct("<Q")
+# The same as array records.
+_HEADER_ARRAY = np.dtype(
+    [("pgno", "<u8"), ("pad", "<u2"), ("flags", "<u2"), ("lower", "<u2"), ("upper", "<u2")]
+)
+_NODE_ARRAY = np.dtype([("lo", "<u2"), ("hi", "<u2"), ("flags", "<u2"), ("ksize", "<u2")])
+_PTR_ARRAY, _PGNO_ARRAY = np.dtype("<u2"), np.dtype("<u8")
 # MDB_db: pad u32 (page size, in the free DB), flags u16, depth u16, branch/leaf/overflow
 # page counts, entries, root.
 _DB = struct.Struct("<IHHQQQQQ")
@@ -72,6 +93,22 @@ def check_snapshot(data_file: Path, txnid: int) -> None:
         raise TraceError(f"{data_file.parent}: unreadable trace ({exc})") from None
     if problem is not None:
         raise TraceError(f"{data_file.parent}: damaged trace ({problem})")
+
+
+@dataclass
+class _Nodes:
+    """The nodes of a window of pages of one tree level, as arrays (one element per node)."""
+
+    data: np.ndarray  # the window of the file, from the start of page ``first``
+    first: int
+    page: np.ndarray  # offset in ``data`` of the node's page
+    value: np.ndarray  # offset in ``data`` of its value (just past its key)
+    size: np.ndarray  # lo | hi << 16: the value's size (leaf), a child's page number (branch)
+    flags: np.ndarray
+
+    def pgno(self, node: int, psize: int) -> int:
+        """The page number of node ``node``'s page (to name it)."""
+        return self.first + int(self.page[node]) // psize
 
 
 class _Walker:
@@ -122,13 +159,10 @@ class _Walker:
             return named
         if not 1 <= depth <= MAX_DEPTH:
             raise _Damaged(f"database {name}: implausible depth {depth}")
-        level = [root]
-        for _ in range(depth - 1):
-            level = [child for pgno in level for child in self._branch(pgno, name)]
-        if subdatabases:
-            counted = sum(self._leaf(pgno, name, named) for pgno in level)
-        else:
-            counted = self._leaves(level, name)
+        if not 2 <= root < self.pages:
+            raise _Damaged(f"database {name}: page {root} out of range")
+        roots = np.array([root], dtype=np.int64)
+        counted = self._subtree(roots, depth - 1, name, named if subdatabases else None)
         if counted != entries:
             raise _Damaged(f"database {name}: {counted} entries found, {entries} recorded")
         return named
@@ -163,18 +197,94 @@ class _Walker:
             raise _Damaged(f"database {name}: page {pgno} is empty")
         return nodes
 
-    def _branch(self, pgno: int, name: str) -> list[int]:
-        return [
-            lo | hi << 16 | flags << 32 for _, lo, hi, flags, _ in self._nodes(pgno, name, P_BRANCH)
-        ]
+    def _subtree(
+        self, pgnos: np.ndarray, below: int, name: str, named: list[tuple[bytes, bytes]] | None
+    ) -> int:
+        """Checks the pages ``pgnos`` of one level and the ``below`` levels under them; returns
+        the entries of their leaves. A level's pages are taken :data:`LEVEL_BATCH` at a time."""
+        if below == 0:
+            if named is not None:  # the main database: a page or two of named databases
+                return sum(self._leaf(int(pgno), name, named) for pgno in pgnos)
+            return sum(self._leaves(nodes, name) for nodes in self._windows(pgnos, P_LEAF, name))
+        counted = 0
+        children: list[np.ndarray] = []
+        waiting = 0
+        for nodes in self._windows(pgnos, P_BRANCH, name):
+            children.append(nodes.size | nodes.flags << 32)
+            waiting += children[-1].size
+            if waiting >= LEVEL_BATCH:
+                counted += self._subtree(np.concatenate(children), below - 1, name, named)
+                children, waiting = [], 0
+        if children:
+            counted += self._subtree(np.concatenate(children), below - 1, name, named)
+        return counted
 
-    def _leaf(self, pgno: int, name: str, named: list[tuple[bytes, bytes]] | None) -> int:
+    def _windows(self, pgnos: np.ndarray, kind: int, name: str) -> Iterator[_Nodes]:
+        """The nodes of the pages ``pgnos``, which must be ``kind`` (branch or leaf) pages, a
+        window of the file at a time, with :meth:`_page`'s and :meth:`_nodes`' checks made;
+        each window is unmapped from the process once its nodes have been used."""
+        psize = self.psize
+        pages = np.sort(pgnos)
+        out = (pages < 2) | (pages >= self.pages)
+        if out.any():
+            raise _Damaged(f"database {name}: page {pages[out.argmax()]} out of range")
+        span = max(WINDOW_BYTES // psize, 1)
+        start = 0
+        while start < pages.size:
+            first = int(pages[start])
+            stop = int(np.searchsorted(pages, first + span))
+            rows = pages[start:stop] - first
+            start = stop
+            length = (int(rows[-1]) + 1) * psize
+            data = np.frombuffer(self.data, dtype=np.uint8, count=length, offset=first * psize)
+            header = data.reshape(-1, psize)[rows, :PAGE_HEADER].view(_HEADER_ARRAY).ravel()
+            lower, upper = header["lower"].astype(np.int64), header["upper"].astype(np.int64)
+            bad = header["pgno"] != (rows + first).astype(np.uint64)
+            bad |= header["flags"] & (P_BRANCH | P_LEAF | P_OVERFLOW) != kind
+            bad |= (lower < PAGE_HEADER) | (lower > upper) | (upper > psize) | (lower % 2 == 1)
+            bad |= lower == PAGE_HEADER  # an empty page
+            if bad.any():
+                raise _Damaged(
+                    f"database {name}: page {first + rows[bad.argmax()]} has a damaged header"
+                )
+            counts = (lower - PAGE_HEADER) // 2
+            page = np.repeat(rows * psize, counts)
+            slot = np.arange(page.size) - np.repeat(np.cumsum(counts) - counts, counts)
+            ptr = _gather(data, page + PAGE_HEADER + 2 * slot, _PTR_ARRAY).astype(np.int64)
+            bad = (ptr < np.repeat(upper, counts)) | (ptr > psize - NODE_HEADER)
+            if bad.any():
+                raise _Damaged(
+                    f"database {name}: page {first + page[bad.argmax()] // psize} "
+                    "has a damaged node pointer"
+                )
+            node = _gather(data, page + ptr, _NODE_ARRAY)
+            value = page + ptr + NODE_HEADER + node["ksize"]
+            bad = value - page > psize
+            if bad.any():
+                raise _Damaged(
+                    f"database {name}: page {first + page[bad.argmax()] // psize} "
+                    "has a key past its end"
+                )
+            size = node["lo"].astype(np.int64) | node["hi"].astype(np.int64) << 16
+            yield _Nodes(data, first, page, value, size, node["flags"].astype(np.int64))
+            self._release(first * psize, length)
+
+    def _release(self, offset: int, length: int) -> None:
+        """Unmaps bytes ``[offset, offset + length)`` of the file from this process. The map
+        is read-only and shared, so this drops only the process's page-table entries: the
+        pages stay in the page cache, for LMDB to read next."""
+        if _DONTNEED is not None:
+            aligned = offset - offset % mmap.PAGESIZE
+            self.data.madvise(_DONTNEED, aligned, length + offset - aligned)
+
+    def _leaf(self, pgno: int, name: str, named: list[tuple[bytes, bytes]]) -> int:
+        """Checks a leaf page of the main database, collecting the named databases it holds."""
         nodes = self._nodes(pgno, name, P_LEAF)
         end_of_page = pgno * self.psize + self.psize
         for node, lo, hi, flags, ksize in nodes:
             dsize = lo | hi << 16
             value = node + NODE_HEADER + ksize
-            if flags & F_DUPDATA or (flags & F_SUBDATA and named is None):
+            if flags & F_DUPDATA:
                 raise _Damaged(f"database {name}: page {pgno} has a node of an unknown kind")
             if flags & F_BIGDATA:
                 if value + _PGNO.size > end_of_page:
@@ -183,58 +293,28 @@ class _Walker:
                 self._overflow(first, dsize, name)
             elif value + dsize > end_of_page:
                 raise _Damaged(f"database {name}: page {pgno} has a value past its end")
-            if flags & F_SUBDATA and named is not None:
+            if flags & F_SUBDATA:
                 if dsize != _DB.size or flags & F_BIGDATA:
                     raise _Damaged(f"database {name}: page {pgno} has a damaged database entry")
                 key = bytes(self.data[node + NODE_HEADER : value])
                 named.append((key, bytes(self.data[value : value + dsize])))
         return len(nodes)
 
-    def _leaves(self, pgnos: list[int], name: str) -> int:
-        """:meth:`_leaf`'s checks for many leaf pages at once, as array operations: a trace's
-        ops database has a leaf page per few records, too many to check one by one in
-        Python. Returns the number of nodes."""
-        psize = self.psize
-        pages = np.asarray(pgnos, dtype=np.int64)
-        if pages.size and (pages.min() < 2 or pages.max() >= self.pages):
-            raise _Damaged(f"database {name}: a leaf page out of range")
-        data = np.frombuffer(self.data, dtype=np.uint8)
-        offsets = pages * psize
-        stored, flags = _gather(data, offsets, 8), _gather(data, offsets + 10, 2)
-        lower, upper = _gather(data, offsets + 12, 2), _gather(data, offsets + 14, 2)
-        bad = (stored != pages.astype(np.uint64)) | (
-            flags & (P_BRANCH | P_LEAF | P_OVERFLOW) != P_LEAF
-        )
-        bad |= (lower < PAGE_HEADER) | (lower > upper) | (upper > psize) | (lower % 2 == 1)
-        bad |= lower == PAGE_HEADER  # an empty leaf
-        if bad.any():
-            raise _Damaged(f"database {name}: page {pages[bad.argmax()]} has a damaged header")
-        counts = ((lower - PAGE_HEADER) // 2).astype(np.int64)
-        page_of = np.repeat(offsets, counts)
-        first = np.repeat(np.cumsum(counts) - counts, counts)
-        slot = np.arange(page_of.size, dtype=np.int64) - first
-        ptr = _gather(data, page_of + PAGE_HEADER + 2 * slot, 2).astype(np.int64)
-        bad = (ptr < np.repeat(upper, counts).astype(np.int64)) | (ptr > psize - NODE_HEADER)
+    def _leaves(self, nodes: _Nodes, name: str) -> int:
+        """:meth:`_leaf`'s checks of the nodes of leaf pages outside the main database (a
+        window of them). Returns the number of nodes."""
+        big = (nodes.flags & F_BIGDATA) != 0
+        bad = (nodes.flags & (F_DUPDATA | F_SUBDATA)) != 0
+        bad |= nodes.value - nodes.page + np.where(big, _PGNO.size, nodes.size) > self.psize
         if bad.any():
             raise _Damaged(
-                f"database {name}: page {page_of[bad.argmax()] // psize} has a damaged node pointer"
+                f"database {name}: page {nodes.pgno(int(bad.argmax()), self.psize)} "
+                "has a damaged node"
             )
-        node = page_of + ptr
-        lo, hi = _gather(data, node, 2), _gather(data, node + 2, 2)
-        node_flags, ksize = _gather(data, node + 4, 2), _gather(data, node + 6, 2)
-        value_end = ptr + NODE_HEADER + ksize.astype(np.int64)
-        big = (node_flags & F_BIGDATA) != 0
-        dsize = (lo | hi << 16).astype(np.int64)
-        bad = (node_flags & (F_DUPDATA | F_SUBDATA)) != 0
-        bad |= value_end + np.where(big, _PGNO.size, dsize) > psize
-        if bad.any():
-            raise _Damaged(
-                f"database {name}: page {page_of[bad.argmax()] // psize} has a damaged node"
-            )
-        for at, size in zip(node[big] + NODE_HEADER + ksize[big], dsize[big], strict=True):
-            (first_page,) = _PGNO.unpack_from(self.data, int(at))
-            self._overflow(first_page, int(size), name)
-        return int(page_of.size)
+        firsts = _gather(nodes.data, nodes.value[big], _PGNO_ARRAY)
+        for first_page, size in zip(firsts.tolist(), nodes.size[big].tolist(), strict=True):
+            self._overflow(first_page, size, name)
+        return int(nodes.size.size)
 
     def _overflow(self, pgno: int, dsize: int, name: str) -> None:
         offset, _, _ = self._page(pgno, name, P_OVERFLOW)
@@ -243,7 +323,10 @@ class _Walker:
             raise _Damaged(f"database {name}: overflow page {pgno} has a damaged size")
 
 
-def _gather(data: np.ndarray, positions: np.ndarray, width: int) -> np.ndarray:
-    """The little-endian unsigned integers of ``width`` bytes at each of ``positions``."""
-    raw = data[positions[:, None] + np.arange(width)]
-    return np.ascontiguousarray(raw).view(f"<u{width}").ravel()
+def _gather(data: np.ndarray, positions: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The values of ``dtype`` (little-endian integers, or records of them) at each of the
+    byte ``positions`` of ``data``, which need not be aligned: rows of a view of ``data``
+    whose row ``k`` is its bytes from ``k`` on (indexing checks that they lie inside it)."""
+    width = dtype.itemsize
+    rows = as_strided(data, shape=(data.size - width + 1, width), strides=(1, 1))
+    return rows[positions].view(dtype).ravel()

@@ -40,7 +40,6 @@ from .records import (
 COMPLETE_STATUSES = ("finished", "stopped")  # ``end`` statuses of a run recorded to its end
 OPTIONAL_DBS = ("kernels", "captures")  # absent in traces recorded before they existed
 CHUNK = 4096  # records per chunk of RankTrace.raw_chunks
-RELEASE_EVERY = 1 << 14  # records read between two releases of the pages they came from
 
 
 def _unpack(raw: bytes | memoryview) -> Any:
@@ -364,14 +363,15 @@ class RankTrace:
         report in :attr:`damage`.
 
         Reading maps the trace's pages into the process, where they stay resident until the
-        trace is closed: a whole-trace scan would grow with the trace. The pages read so far
-        are therefore unmapped every ``RELEASE_EVERY`` records (:func:`release_pages`). A
-        whole-trace scan also asks for sequential readahead while it lasts: the environment is
-        opened for random access, so each page not in the page cache would otherwise be a
-        separate 4 KiB read from the disk."""
-        read = 0
-        if stop is None:
-            advise_pages(self.path, _MADV_SEQUENTIAL)
+        trace is closed: a whole-trace scan would grow with the trace. A whole-trace scan
+        therefore unmaps the pages it read as each chunk is copied out of them (see
+        :func:`advise_pages`), and asks for sequential readahead while it lasts: the
+        environment is opened for random access, so each page not in the page cache would
+        otherwise be a separate 4 KiB read from the disk."""
+        # Found once: the map stays where it is while the environment is open, as it is
+        # whenever pages are released below (just after the cursor read from them).
+        spans = mapped_spans(self.path) if stop is None else []
+        advise_pages(spans, _MADV_SEQUENTIAL)
         try:
             with self._env.begin() as txn:
                 cursor = txn.cursor(db=self._dbs["ops"])
@@ -390,16 +390,13 @@ class RankTrace:
                     return
                 values = cursor.iternext(keys=False, values=True)
                 while batch := list(islice(values, size)):
+                    advise_pages(spans, _MADV_DONTNEED)  # the batch is a copy
                     yield batch
-                    read += len(batch)
-                    if read >= RELEASE_EVERY:
-                        release_pages(self.path)
-                        read = 0
         except lmdb.Error as exc:
             self.damage = f"reading stopped at a damaged record: {exc}"
         finally:
-            if stop is None:
-                advise_pages(self.path, _MADV_RANDOM)  # as opened (readahead=False)
+            if stop is None:  # as opened (readahead=False), if the map is still there
+                advise_pages(mapped_spans(self.path), _MADV_RANDOM)
 
     def ops(self, start: int = 0, stop: int | None = None) -> Iterator[OpRecord]:
         """Decoded ops in execution order; reading ends at a damaged record (see
@@ -427,9 +424,10 @@ _MADV_RANDOM, _MADV_SEQUENTIAL, _MADV_DONTNEED = 1, 2, 4
 _madvise: Any = None
 
 
-def advise_pages(path: Path, advice: int) -> None:
-    """``madvise`` on this process's mapping of the trace at ``path`` (a rank directory), where
-    the platform allows it (Linux; elsewhere nothing happens). See :func:`release_pages`."""
+def mapped_spans(path: Path) -> list[tuple[int, int]]:
+    """(address, length) of each of this process's mappings of the trace at ``path`` (a rank
+    directory), where the platform allows advising them (Linux; elsewhere none). The
+    addresses are valid only while the trace's environment stays open."""
     global _madvise
     if _madvise is None:
         _madvise = False
@@ -443,29 +441,28 @@ def advise_pages(path: Path, advice: int) -> None:
             except (OSError, AttributeError):
                 pass
     if not _madvise:
-        return
+        return []
     data = os.path.realpath(path / "data.mdb")
     try:
         with open("/proc/self/maps") as maps:
-            spans = [
+            ranges = [
                 fields[0].split("-")
                 for fields in (line.split(maxsplit=5) for line in maps)
                 if len(fields) == 6 and fields[5].rstrip("\n") == data
             ]
     except OSError:
-        return
-    for lo, hi in spans:
-        start = int(lo, 16)
-        _madvise(start, int(hi, 16) - start, advice)
+        return []
+    return [(int(lo, 16), int(hi, 16) - int(lo, 16)) for lo, hi in ranges]
 
 
-def release_pages(path: Path) -> None:
-    """Unmaps the pages of the trace at ``path`` from this process. LMDB reads through a
-    read-only shared mapping of ``data.mdb``, so ``MADV_DONTNEED`` only drops the process's
-    page-table entries: the data stays in the page cache and the next read maps it again.
-    Without this the resident memory of a scan grows with the trace, though none of it is the
-    process's own."""
-    advise_pages(path, _MADV_DONTNEED)
+def advise_pages(spans: list[tuple[int, int]], advice: int) -> None:
+    """``madvise`` on the mappings ``spans`` (:func:`mapped_spans`). With ``MADV_DONTNEED``
+    it unmaps the trace's pages from this process: LMDB reads through a read-only shared
+    mapping of ``data.mdb``, so only the process's page-table entries go, the data stays in
+    the page cache and the next read maps it again. Without this the resident memory of a
+    scan grows with the trace, though none of it is the process's own."""
+    for start, length in spans:
+        _madvise(start, length, advice)
 
 
 def _can_lock(path: Path) -> bool:
