@@ -57,6 +57,14 @@ REGION_NAMESPACE = "compiled"
 KERNEL_NAMESPACE = "inductor"
 INDUCTOR_CONFIG = "torch._inductor.config"
 DYNAMO_CONFIG = "torch._dynamo.config"
+FUNCTORCH_CONFIG = "torch._functorch.config"
+# Compiled graphs taken from Inductor's on-disk caches keep the stack traces of the compile that
+# made them, from another copy of the script, say: while recording, graphs are compiled afresh
+# (the same code: the caches only save compile time).
+NO_CACHES = {
+    INDUCTOR_CONFIG: {"fx_graph_cache": False},
+    FUNCTORCH_CONFIG: {"enable_autograd_cache": False},
+}
 
 _BACKWARD = schema.PHASES.index("backward")
 _FORWARD = schema.PHASES.index("forward")
@@ -136,7 +144,12 @@ class CompileSettings:
 
     def __init__(self, eager: bool) -> None:
         self._wanted: dict[str, dict[str, Any]] = {
-            INDUCTOR_CONFIG: {"wrap_inductor_compiled_regions": True, PROVENANCE: PROVENANCE_BASIC}
+            INDUCTOR_CONFIG: {
+                "wrap_inductor_compiled_regions": True,
+                PROVENANCE: PROVENANCE_BASIC,
+                **NO_CACHES[INDUCTOR_CONFIG],
+            },
+            FUNCTORCH_CONFIG: dict(NO_CACHES[FUNCTORCH_CONFIG]),
         }
         self._if_off = {PROVENANCE}  # set only where present and off: the user's choice stands
         if eager:
@@ -156,7 +169,9 @@ class CompileSettings:
 
     def _set(self, module: ModuleType, values: dict[str, Any]) -> None:
         for key, value in values.items():
-            if key in self._if_off and (not hasattr(module, key) or getattr(module, key)):
+            if not hasattr(module, key):
+                continue  # a torch without the setting
+            if key in self._if_off and getattr(module, key):
                 continue
             self._saved.append((module, key, getattr(module, key)))
             setattr(module, key, value)
