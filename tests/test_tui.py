@@ -317,7 +317,7 @@ def write_run(path: Path, *, candidate: bool, finished: bool = True) -> None:
                 record["y"] = [_tensor("0", fingerprint, None, (0.25, 1.5 + shift * 1e-7, -3.0))]
             writer.append(index, record)
             index += 1
-    writer.close({"status": "finished"})
+    writer.close({"status": "finished", "steps": 3})  # as the recorder ends a trace
     if not finished:  # as if the recorder were still writing: no end record yet
         env = lmdb.open(str(path / "rank-0"), max_dbs=len(schema.DB_NAMES))
         with env.begin(write=True) as txn:
