@@ -608,13 +608,29 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The runtime reports a missing driver as an insufficient one: tell them apart by the driver's
+// version, which the runtime gives as 0 when no driver is installed.
+std::string driver_problem(cudaError_t err) {
+  int driver = 0, runtime = 0;
+  if (err != cudaErrorInsufficientDriver || cudaDriverGetVersion(&driver) != cudaSuccess ||
+      cudaRuntimeGetVersion(&runtime) != cudaSuccess) {
+    return cudaGetErrorString(err);
+  }
+  if (driver == 0) return "no NVIDIA driver";
+  auto version = [](int v) {
+    return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+  };
+  return "the NVIDIA driver supports CUDA " + version(driver) + ", older than the CUDA " +
+         version(runtime) + " runtime OpGuard was built with";
+}
+
 }  // namespace
 
 bool available(std::string* why) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    if (why) *why = cudaGetErrorString(err);
+    if (why) *why = driver_problem(err);
     cudaGetLastError();
     return false;
   }

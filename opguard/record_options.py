@@ -38,7 +38,9 @@ class RecordOptions:
             out.append("--overwrite")
         out += self.mode_switches()
         if self.capture is not None:
-            out += ["--capture", self.capture.text, "--capture-limit", str(self.capture_limit)]
+            out += ["--capture", self.capture.text]
+            if self.capture_limit != DEFAULT_LIMIT:
+                out += ["--capture-limit", str(self.capture_limit)]
         return out
 
     def session_arguments(self) -> dict[str, Any]:

@@ -364,20 +364,28 @@ def _argument_cases(t: dict[str, Path], d: Path) -> dict[str, list[str]]:
     script.write_text("print('should not run')\n")
     (d / "a-file").write_text("x\n")
     out = str(d / "out")
+    huge = "99999999999999999999"  # past 64 bits
     return {
-        "no-command": [],
         "unknown-command": ["frobnicate"],
         "unknown-option": ["diff", g, g2, "--frobnicate"],
         "show-no-run": ["show"],
         "show-bad-rank": ["show", g, "--rank", "x"],
         "show-absent-rank": ["show", g, "--rank", "3"],
         "show-bad-ops": ["show", g, "--ops", "a:b"],
+        "show-negative-op": ["show", g, "--ops=-1"],
+        "show-negative-range": ["show", g, "--ops=-5:-1"],
+        "show-huge-op": ["show", g, "--ops", huge],
+        "show-backward-range": ["show", g, "--ops", "10:5"],
+        "show-op-past-the-end": ["show", g, "--ops", "99999"],
+        "show-range-past-the-end": ["show", g, "--ops", "99999:", "--json"],
         "diff-one-run": ["diff", g],
         "diff-three-runs": ["diff", g, g2, g2],
         "diff-bad-rank": ["diff", g, g2, "--rank", "-"],
         "diff-absent-rank": ["diff", g, g2, "--rank", "7"],
         "diff-absent-step": ["diff", g, g2, "--step", "99"],
         "diff-bad-step": ["diff", g, g2, "--step", "one"],
+        "diff-offset-without-json": ["diff", g, g2, "--offset", "1"],
+        "diff-limit-without-json": ["diff", g, g2, "--limit", "1"],
         "diff-unrelated-programs": ["diff", g, str(t["other"])],
         "explain-unrelated-programs": ["explain", str(t["other"]), g, "--json"],
         "explain-bad-budget": ["explain", g, lr, "--budget", "cheap"],
@@ -387,6 +395,7 @@ def _argument_cases(t: dict[str, Path], d: Path) -> dict[str, list[str]]:
         "tui-one-run": ["tui", g],
         "record-no-output": ["record", "--", str(script)],
         "record-no-script": ["record", "-o", out],
+        "record-empty-output": ["record", "-o", "", "--", str(script)],
         "record-missing-script": ["record", "-o", out, "--", str(d / "nope.py")],
         "record-bad-steps": ["record", "-o", out, "--steps", "x", "--", str(script)],
         "record-zero-steps": ["record", "-o", out, "--steps", "0", "--", str(script)],
@@ -397,15 +406,18 @@ def _argument_cases(t: dict[str, Path], d: Path) -> dict[str, list[str]]:
             *("record", "-o", out, "--python", str(d / "no-python"), "--", str(script)),
         ],
         "demo-dir-a-file": ["demo", "--dir", str(d / "a-file")],
+        "demo-empty-dir": ["demo", "--dir", ""],
         "nan-no-run": ["nan"],
         "nan-absent-rank": ["nan", g, "--rank", "9"],
         "tensor-no-op": ["tensor", g, g2],
         "tensor-bad-op": ["tensor", g, g2, "--op", "x"],
+        "tensor-huge-op": ["tensor", g, g2, "--op", huge],
         "tensor-uncaptured-op": ["tensor", g, g2, "--op", "3"],
         "tensor-input-and-output": ["tensor", g, g2, "--op", "3", "--input", "0", "--output", "0"],
         "replay-no-op": ["replay", g],
         "replay-zero-times": ["replay", g, "--op", "0", "--times", "0"],
         "replay-uncaptured-op": ["replay", g, "--op", "3"],
+        "replay-huge-op": ["replay", g, "--op", huge],
         "replay-op-b-alone": ["replay", g, "--op", "3", "--op-b", "3"],
         "capture-one-run": ["capture", g],
         "ops-no-index": ["ops", g, g2],
@@ -414,12 +426,15 @@ def _argument_cases(t: dict[str, Path], d: Path) -> dict[str, list[str]]:
         "op-bad-side": ["op", g, g2, "3", "--side", "c"],
         "producers-absent-index": ["producers", g, g2, "99999"],
         "source-absent-index": ["source", g, "99999", "--json"],
+        "source-huge-index": ["source", g, huge, "--json"],
+        "kernels-huge-index": ["kernels", g, huge],
         "source-two-runs": ["source", g, g2, "3"],
         "kernels-bad-index": ["kernels", g, "x"],
         "tools-unknown-option": ["tools", "--frobnicate"],
         "mcp-extra-argument": ["mcp", g],
         "capture-negative-window": ["capture", g, lr, "--window", "-1"],
         "capture-bad-window": ["capture", g, lr, "--window", "x"],
+        "capture-empty-output": ["capture", g, lr, "-o", "", out],
     }
 
 
@@ -526,6 +541,18 @@ def test_refusals_say_what_is_wrong(
     for case in ("args/diff-unrelated-programs", "args/explain-unrelated-programs"):
         assert "no op in common" in said(case) and "different programs" in said(case)
     assert "cannot create the demo directory" in said("args/demo-dir-a-file")
+    assert "indices from 0" in said("args/show-negative-op")
+    assert "indices from 0" in said("args/show-negative-range")
+    assert "END must be past START" in said("args/show-backward-range")
+    for case in ("show-huge-op", "show-op-past-the-end", "show-range-past-the-end"):
+        assert "selects no op: rank 0 has ops 0 to " in said(f"args/{case}"), case
+    for case in ("diff-offset-without-json", "diff-limit-without-json"):
+        assert "add --json" in said(f"args/{case}"), case
+    for case in ("record-empty-output", "demo-empty-dir", "capture-empty-output"):
+        assert "an empty name is not a directory" in said(f"args/{case}"), case
+    assert said("args/unknown-option").endswith("(see opguard diff --help)\n")
+    for case in ("tensor-huge-op", "replay-huge-op", "source-huge-index", "kernels-huge-index"):
+        assert "no op 99999999999999999999" in said(f"args/{case}"), case
 
 
 def test_readable_damage_is_reported_not_hidden(

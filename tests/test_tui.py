@@ -317,7 +317,7 @@ def write_run(path: Path, *, candidate: bool, finished: bool = True) -> None:
                 record["y"] = [_tensor("0", fingerprint, None, (0.25, 1.5 + shift * 1e-7, -3.0))]
             writer.append(index, record)
             index += 1
-    writer.close({"status": "finished"})
+    writer.close({"status": "finished", "steps": 3})  # as the recorder ends a trace
     if not finished:  # as if the recorder were still writing: no end record yet
         env = lmdb.open(str(path / "rank-0"), max_dbs=len(schema.DB_NAMES))
         with env.begin(write=True) as txn:
@@ -530,6 +530,12 @@ async def test_opens_on_the_first_divergence_and_steps(
         assert app.cursor.row.a.index == first
         await _press(pilot, "right_square_bracket")
         assert app.cursor.position.step == 1
+        header = str(app.query_one("#run-header").render())
+        assert "· step 1 (2 of 4)" in header  # the demo takes 4 steps
+        await _press(pilot, *["right_square_bracket"] * 3)  # the ops after the last step
+        assert app.cursor.position.step == 4
+        header = str(app.query_one("#run-header").render())
+        assert "· after the last step (4 steps)" in header
         await _press(pilot, "d")
         assert app.cursor.row.a.index == first
 

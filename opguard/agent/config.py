@@ -18,6 +18,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..spending_limits import (
+    DEFAULT_BUDGET_USD,
+    DEFAULT_MAX_OUTPUT,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_ROUNDS,
+)
 from .budget import PER_MILLION, Pricing
 
 if sys.version_info >= (3, 11):
@@ -26,10 +32,6 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 from .secrets import Secret, redact
 
-DEFAULT_BUDGET_USD = 0.05
-DEFAULT_MAX_TOKENS = 40_000
-DEFAULT_MAX_OUTPUT = 2_048
-DEFAULT_ROUNDS = 3
 ENVIRONMENT = {"model": "OPGUARD_MODEL", "api_base": "OPGUARD_API_BASE"}
 # The key sent to a server given by its API base when none is configured: LiteLLM's OpenAI
 # client sends no request without one, and a local server ignores it (LiteLLM's own

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..analysis import Divergence, Link, RankDiff, RunDiff, TensorDiff
 from ..analysis.contract import divergence_json, op_ref, rank_json
+from ..analysis.steps import describe_runs
 from ..store import OpRecord, RankTrace, Run
 from .describe import (
     SOURCE_CONTEXT,
@@ -275,7 +276,7 @@ def _alignment_lines(ranks: list[RankDiff], first: Divergence | None) -> Iterato
     for r in ordered[:RANKS_SHOWN]:
         yield (
             f"rank {r.rank}: {r.aligned} aligned, {r.only_a} only in A, {r.only_b} only in B, "
-            f"{r.differing} aligned pairs differ; steps A {r.steps_a}, B {r.steps_b}"
+            f"{r.differing} aligned pairs differ; {describe_runs(r.count_a, r.count_b)}"
         )
         yield from (f"note: {n}" for n in r.notes[:NOTES_SHOWN])
     rest = ordered[RANKS_SHOWN:]

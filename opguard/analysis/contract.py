@@ -105,6 +105,8 @@ def rank_json(r: RankDiff) -> dict[str, Any]:
         "differing": r.differing,
         "steps_a": r.steps_a,
         "steps_b": r.steps_b,
+        "ops_after_last_step_a": r.count_a.ops_after,
+        "ops_after_last_step_b": r.count_b.ops_after,
         "unaligned_a_examples": r.unaligned_a,
         "unaligned_b_examples": r.unaligned_b,
         "steps": [
@@ -167,8 +169,13 @@ def to_json(result: RunDiff) -> dict[str, Any]:
         "torch_compile": compile_modes(result.meta_a, result.meta_b),
         "ranks_only_in": {"a": result.only_in_a, "b": result.only_in_b},
         "nonfinite": {
-            side: [nonfinite_json(n) for r in result.ranks if (n := getattr(r, attr)) is not None]
-            for side, attr in (("a", "nonfinite_a"), ("b", "nonfinite_b"))
+            **{
+                side: [
+                    nonfinite_json(n) for r in result.ranks if (n := getattr(r, attr)) is not None
+                ]
+                for side, attr in (("a", "nonfinite_a"), ("b", "nonfinite_b"))
+            },
+            "same_in_both": all(r.nonfinite_same for r in result.ranks),
         }
         if all(r.nonfinite_scanned for r in result.ranks)
         else None,

@@ -24,9 +24,10 @@ from .compilation import known_difference
 from .divergence import Divergence, Explainer
 from .keys import KeyTable, LightReader, OpColumns
 from .myers import Run as MatchRun
-from .nonfinite import Nonfinite, NonfiniteWatch, resolve
+from .nonfinite import Nonfinite, NonfiniteWatch, resolve, same_in_both
 from .reach import ABSORBED_SHOWN, Absorbed, Reach
 from .roles import ORIGIN, Role, role_of
+from .steps import StepCount, count_steps
 
 UNALIGNED_EXAMPLES = 5
 STEP_CACHE = 4
@@ -51,8 +52,9 @@ class StepSummary:
 @dataclass
 class RankDiff:
     rank: int
-    steps_a: int = 0
-    steps_b: int = 0
+    # The steps each run holds, as every front end counts them (the whole run, also with --step).
+    count_a: StepCount = field(default_factory=StepCount)
+    count_b: StepCount = field(default_factory=StepCount)
     aligned: int = 0
     only_a: int = 0
     only_b: int = 0
@@ -69,6 +71,15 @@ class RankDiff:
     nonfinite_a: Nonfinite | None = None
     nonfinite_b: Nonfinite | None = None
     nonfinite_scanned: bool = False  # False with --step: only part of the runs was read
+    nonfinite_same: bool = False  # both runs met the same NaN/Inf values (nonfinite.same_in_both)
+
+    @property
+    def steps_a(self) -> int:
+        return self.count_a.steps
+
+    @property
+    def steps_b(self) -> int:
+        return self.count_b.steps
 
     @property
     def role(self) -> Role | None:
@@ -179,8 +190,10 @@ def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None
     result = RankDiff(rank=trace_a.rank)
     alignments = _StepAlignments(reader_a, reader_b)
     explainer = Explainer(trace_a, trace_b, alignments)
+    result.count_a, result.count_b = count_steps(trace_a), count_steps(trace_b)
     steps_a, steps_b = _steps(reader_a, step), _steps(reader_b, step)
     next_a, next_b = next(steps_a, None), next(steps_b, None)
+    compared = 0
     while next_a is not None and next_b is not None:
         (sa, ops_a), (sb, ops_b) = next_a, next_b
         if sa != sb:  # a step that has no ops on the other side
@@ -190,8 +203,7 @@ def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None
             else:
                 next_b = next(steps_b, None)
             continue
-        result.steps_a += 1
-        result.steps_b += 1
+        compared += 1
         next_a, next_b = next(steps_a, None), next(steps_b, None)
         last_of_a, last_of_b = next_a is None, next_b is None
         _compare_step(
@@ -204,25 +216,29 @@ def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None
             cut_a=last_of_b and not trace_b.finished,
             cut_b=last_of_a and not trace_a.finished,
         )
-    for name, rest, gen, counter in (
-        ("A", next_a, steps_a, "steps_a"),
-        ("B", next_b, steps_b, "steps_b"),
-    ):
-        extra = 0
-        while rest is not None:
-            extra += 1
-            rest = next(gen, None)
-        if extra:
-            other = "B" if name == "A" else "A"
+    counts = (("A", result.count_a, next_a, steps_a), ("B", result.count_b, next_b, steps_b))
+    for (name, mine, rest, remaining), (other, theirs, _, _) in (counts, counts[::-1]):
+        if rest is None:
+            continue
+        for _ in remaining:  # this run goes on: read it to its end, for the NaN/Inf scan
+            pass
+        if mine.steps > theirs.steps:
             result.notes.append(
-                f"run {name} has {extra} more step(s) than run {other}; "
-                f"compared the first {getattr(result, counter)}"
+                f"run {name} has {mine.steps - theirs.steps} more step(s) than run {other}; "
+                f"compared the first {compared}"
             )
-            setattr(result, counter, getattr(result, counter) + extra)
+        else:  # as many steps, and ops after the last that the other run lacks
+            result.notes.append(
+                f"run {name} has {mine.ops_after} op(s) after its last step, run {other} none: "
+                "not compared"
+            )
     if watches[0] is not None and watches[1] is not None:
         result.nonfinite_a = resolve(trace_a, watches[0])
         result.nonfinite_b = resolve(trace_b, watches[1])
         result.nonfinite_scanned = True
+        result.nonfinite_same = same_in_both(
+            result.nonfinite_a, result.nonfinite_b, alignments.b_of
+        )
     result.notes.extend(absorbed.text() for absorbed in result.absorbed)
     if result.absorbed_count > len(result.absorbed):
         more = result.absorbed_count - len(result.absorbed)

@@ -23,6 +23,7 @@ so a view never hides the origin: the op that made its base comes first.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..store import OpRecord, RankTrace, TensorRecord
@@ -94,6 +95,36 @@ def resolve(trace: RankTrace, watch: NonfiniteWatch) -> Nonfinite | None:
         trace.op(watch.origin) if watch.origin is not None else None,
         trace.op(watch.nan_origin) if watch.nan_origin is not None else None,
     )
+
+
+def same_in_both(
+    a: Nonfinite | None, b: Nonfinite | None, b_of: Callable[[int], int | None]
+) -> bool:
+    """Whether two runs met the same NaN and Inf values (an attention mask's intended
+    ``-inf``, say): as many ops made them, and the ops named in each run are aligned pairs
+    (``b_of``: run B's op aligned with run A's index) with the same counts in the same slots.
+    A diff then has no NaN/Inf difference to report."""
+    if a is None or b is None:
+        return a is b
+    if a.ops != b.ops or a.from_outside != b.from_outside:
+        return False
+    for op_a, op_b in (
+        (a.first_seen, b.first_seen),
+        (a.origin, b.origin),
+        (a.nan_origin, b.nan_origin),
+    ):
+        if op_a is None or op_b is None:
+            if op_a is not op_b:
+                return False
+            continue
+        if b_of(op_a.index) != op_b.index:
+            return False
+        for tensors in ("inputs", "outputs"):
+            if nonfinite_tensors(getattr(op_a, tensors)) != nonfinite_tensors(
+                getattr(op_b, tensors)
+            ):
+                return False
+    return True
 
 
 def find_nonfinite(trace: RankTrace) -> Nonfinite | None:

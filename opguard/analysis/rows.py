@@ -105,6 +105,9 @@ class RankRows:
         self.steps: Sequence[int] = sorted(
             {r.step for r in self.index[0].ranges} | {r.step for r in self.index[1].ranges}
         )
+        # Steps taken, as every front end counts them: the longer run's (later step numbers
+        # hold the ops after its last step).
+        self.steps_taken = max(index.count().steps for index in self.index)
         # From the diff, once it has run: per-step counts, the first divergence's observed
         # pair and the ops its verdict names as the cause.
         self.summaries: dict[int, StepSummary] = {}

@@ -1,4 +1,10 @@
-"""Where each step starts and stops in one rank's trace.
+"""How many steps a rank's trace holds, and where each step starts and stops in it.
+
+A step is what the recorder cuts at each ``optimizer.step()`` (or ``opguard.step()``): ops
+carry the number of steps taken before them, so a run of three steps numbers its ops 0, 1 and 2,
+and a final ``loss.item()`` after the last step is numbered 3. :func:`count_steps` is the one
+rule every front end counts by (``show``, ``record --json``, ``diff``, ``explain``, the TUI):
+the steps taken, with the ops after the last of them said apart, never as one more step.
 
 Steps only grow along a trace, so the boundaries are found by bisection over op indices: a run
 of a million ops with a few hundred steps is indexed by reading a few thousand records, not all
@@ -9,9 +15,92 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..store import RankTrace
+
+
+@dataclass(frozen=True, slots=True)
+class StepCount:
+    """The steps a rank's trace holds, and the ops it recorded after the last of them (a final
+    ``loss.item()``, an evaluation, or the step a killed or failed run was in)."""
+
+    steps: int = 0
+    ops_after: int = 0
+
+    def describe(self) -> str:
+        """``3 steps``, ``3 steps + 1 op after the last step``: how every report says it."""
+        text = _plural(self.steps, "step")
+        if not self.ops_after:
+            return text
+        where = "after the last step" if self.steps else "before any step ended"
+        return f"{text} + {_plural(self.ops_after, 'op')} {where}"
+
+
+def describe_runs(a: StepCount, b: StepCount) -> str:
+    """Both runs' counts in one phrase: ``both runs: 3 steps``, or each run's when they differ."""
+    if a == b:
+        return f"both runs: {a.describe()}"
+    return f"run A: {a.describe()}; run B: {b.describe()}"
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def count_steps(trace: RankTrace, ops_per_step: Mapping[int, int] | None = None) -> StepCount:
+    """The steps ``trace`` holds. ``ops_per_step``: its ops counted by step number, when the
+    caller has read them all anyway (``opguard show``, the TUI's step index); without it, the
+    last op and a bisection find what is needed in a few reads (the diff)."""
+    if ops_per_step is not None:
+        if not ops_per_step:
+            return StepCount()
+        steps = _steps_held(trace, max(ops_per_step))
+        return StepCount(steps, sum(n for step, n in ops_per_step.items() if step >= steps))
+    last = trace.last_op()
+    if last is None:
+        return StepCount()
+    last_index, last_step = last
+    steps = _steps_held(trace, last_step)
+    end = last_index + 1
+    return StepCount(steps, end - _first_at_step(trace, steps, end))
+
+
+def _steps_held(trace: RankTrace, last_step: int) -> int:
+    """How many steps ended in ``trace``, whose last op is numbered ``last_step``.
+
+    A trace recorded to its end has the recorder's own count, which only it knows when the
+    last step was followed by no op. That count goes on after a step limit stopped recording
+    (``opguard.record(steps=N)`` in a longer loop), so it is capped by the steps the trace
+    reaches. A trace whose recording ended early (killed, the script or the recorder failed)
+    holds the steps that ended before its last op: the ops of that op's step are the ones
+    after the last step."""
+    end = trace.info.get("end")
+    counted = end.get("steps") if isinstance(end, dict) else None
+    if isinstance(counted, int) and not isinstance(counted, bool) and not trace.partial:
+        return max(0, min(counted, last_step + 1))
+    return max(0, last_step)
+
+
+def _first_at_step(trace: RankTrace, step: int, end: int) -> int:
+    """The first op index below ``end`` whose step is ``step`` or later (``end`` if none)."""
+    if step <= 0:
+        return 0
+    lo, hi = -1, end  # step_at(lo) < step <= step_at(hi), ends virtual
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _step_at(trace, mid) >= step:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _step_at(trace: RankTrace, index: int) -> float:
+    """The step of op ``index``; infinity when the trace holds no such op (past its end)."""
+    raw = next(trace.raw_ops(index, index + 1), None)
+    return math.inf if raw is None else raw.get("s", 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +120,7 @@ class StepIndex:
         self._by_step = {r.step: r for r in self.ranges}
 
     def _step_at(self, index: int) -> float:
-        raw = next(self._trace.raw_ops(index, index + 1), None)
-        return math.inf if raw is None else raw.get("s", 0)
+        return _step_at(self._trace, index)
 
     def _build(self, count: int) -> list[StepRange]:
         ranges: list[StepRange] = []
@@ -66,6 +154,10 @@ class StepIndex:
 
     def get(self, step: int) -> StepRange | None:
         return self._by_step.get(step)
+
+    def count(self) -> StepCount:
+        """The steps the trace holds (:func:`count_steps`), from the ranges already found."""
+        return count_steps(self._trace, {r.step: r.stop - r.start for r in self.ranges})
 
     def of(self, index: int) -> StepRange | None:
         """The step holding op ``index``, if the trace has that op."""

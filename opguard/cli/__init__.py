@@ -1,5 +1,6 @@
 """The ``opguard`` command line. Subcommands import what they need when they run, so
-``opguard diff`` never imports torch and every command starts fast."""
+``opguard diff`` never imports torch and every command starts fast. Help is written for users
+(``DESCRIPTION``, each subcommand's ``description``), never taken from these docstrings."""
 
 from __future__ import annotations
 
@@ -15,19 +16,47 @@ class UsageError(Exception):
     """Bad command-line input: reported as one line, exit status 2."""
 
 
+DESCRIPTION = """\
+OpGuard records every op of two PyTorch training runs and names the first op where they stop
+computing the same thing.
+
+  opguard demo                              try it on the bundled example (CPU, seconds)
+  opguard record -o runs/a -- train.py ...  record a run (then run B into runs/b)
+  opguard diff runs/a runs/b                name the first op where they differ
+  opguard COMMAND --help                    what a command does and its options"""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="opguard", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = _Parser(
+        prog="opguard",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
     for command in commands.ALL:
         command.register(sub)
     return parser
+
+
+def _missing_extension() -> str | None:
+    """What to do when ``opguard._C`` cannot be found (a source tree run in place, never
+    installed: the first command that records fails on the import), else None."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("opguard._C") is not None:
+        return None
+    where = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return (
+        f"OpGuard's compiled part (opguard._C) is not built in {where}: install OpGuard "
+        "(pip install .), or pip install -e . to work on this source tree"
+    )
 
 
 def _version() -> str:
@@ -38,11 +67,27 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
-        code = args.run(args)
+        # Unknown options are reported by the top-level parser, which would point to `opguard
+        # --help`: the command's own help is where its options are.
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            where = f"opguard {args.command}" if args.command else "opguard"
+            raise UsageError(f"unrecognized arguments: {' '.join(unknown)} (see {where} --help)")
+        if args.command is None:  # bare `opguard`: what it does and where to start
+            parser.print_help()
+            code = 0
+        else:
+            code = args.run(args)
     except (UsageError, TraceError, commands.CommandError) as exc:
         print(f"opguard: error: {exc}", file=sys.stderr)
+        code = 2
+    except ImportError:
+        missing = _missing_extension()
+        if missing is None:
+            raise
+        print(f"opguard: error: {missing}", file=sys.stderr)
         code = 2
     except BrokenPipeError:
         code = 0

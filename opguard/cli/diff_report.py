@@ -7,10 +7,11 @@ from typing import Any
 
 from rich.markup import escape
 
-from ..analysis import Divergence, RunDiff, TensorDiff
+from ..analysis import Divergence, RankDiff, RunDiff, TensorDiff
 from ..analysis.causes import STREAM_RACE
 from ..analysis.compilation import mode_note
 from ..analysis.nonfinite import Nonfinite, nonfinite_tensors
+from ..analysis.steps import describe_runs
 from ..store import CallSite, OpRecord, TensorRecord
 from .render import console
 
@@ -135,22 +136,13 @@ def print_diff(result: RunDiff) -> None:
         print_divergence(result.first, result.known_difference)
     if len(result.ranks) > 1 and result.first is not None:
         _print_roles(result)
-    found = [
-        (run, n)
-        for r in result.ranks
-        for run, n in (("A", r.nonfinite_a), ("B", r.nonfinite_b))
-        if n is not None
-    ]
-    if found:
-        console.print("\n[bold]NaN / Inf[/]")
-        for run, n in found:
-            print_nonfinite(f"run {run} rank {n.rank}", n)
+    _print_nonfinite_section(result.ranks)
     console.print("\n[bold]Alignment[/]")
     for r in result.ranks:
         console.print(
             f"  rank {r.rank}: {r.aligned} aligned, {r.only_a} only in A, "
             f"{r.only_b} only in B, {r.differing} aligned ops differ; "
-            f"steps A {r.steps_a}, B {r.steps_b}"
+            f"{describe_runs(r.count_a, r.count_b)}"
         )
         for note in r.notes:
             console.print(f"    note: {escape(note)}")
@@ -170,6 +162,38 @@ def _nonfinite_op(title: str, op: OpRecord) -> None:
     console.print(
         f"    {title}: #{op.index} [bold]{escape(op.op)}[/] at {escape(op.call_site.short())}, "
         f"{op.phase}, step {op.step}: outputs {escape(_counts_text(nonfinite_tensors(op.outputs)))}"
+    )
+
+
+def _print_nonfinite_section(ranks: list[RankDiff]) -> None:
+    """Where NaN/Inf values appeared, for the ranks whose runs differ in them; one line for
+    the values both runs met alike (an attention mask's intended ``-inf``): not a difference."""
+    met = [r for r in ranks if r.nonfinite_a is not None or r.nonfinite_b is not None]
+    if not met:
+        return
+    if all(r.nonfinite_same for r in met):
+        alike = "; ".join(_alike(r.rank, n) for r in met if (n := r.nonfinite_a) is not None)
+        console.print(f"\n[bold]NaN / Inf[/]: the same in both runs ({escape(alike)})")
+        return
+    console.print("\n[bold]NaN / Inf[/]")
+    for r in met:
+        if r.nonfinite_same and r.nonfinite_a is not None:
+            console.print(f"  the same in both runs ({escape(_alike(r.rank, r.nonfinite_a))})")
+            continue
+        for run, n in (("A", r.nonfinite_a), ("B", r.nonfinite_b)):
+            if n is None:
+                console.print(f"  run {run} rank {r.rank}: no NaN or Inf")
+            else:
+                print_nonfinite(f"run {run} rank {n.rank}", n)
+
+
+def _alike(rank: int, n: Nonfinite) -> str:
+    """NaN/Inf values that both runs of a rank met alike, as run A (``n``) met them."""
+    op = n.origin or n.first_seen
+    how = "first made by" if n.origin is not None else "first read by"
+    return (
+        f"rank {rank}: {n.ops} op(s) output NaN or Inf, {how} #{op.index} {op.op} at "
+        f"{op.call_site.short()}"
     )
 
 

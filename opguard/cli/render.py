@@ -7,11 +7,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from ..analysis.steps import StepCount
 from ..store import OpRecord
 
-console = Console(highlight=False, soft_wrap=True)
+# Recorded text (commands, paths, errors) is printed as it is: no emoji codes (":abc:" in a
+# --capture SPEC), and markup only where this module writes it, around escaped text.
+console = Console(highlight=False, soft_wrap=True, emoji=False)
 
 
 def _when(timestamp: float | None) -> str:
@@ -23,43 +27,43 @@ def _when(timestamp: float | None) -> str:
 def print_run_summary(path: str, meta: dict[str, Any], ranks: Sequence[dict[str, Any]]) -> None:
     status = meta.get("status", "unknown")
     console.print(
-        f"[bold]{path}[/]  status: [bold]{status}[/]"
+        f"[bold]{escape(path)}[/]  status: [bold]{escape(str(status))}[/]"
         + (f"  exit code {meta['exit_code']}" if "exit_code" in meta else "")
     )
-    console.print(f"  command: {' '.join(meta.get('command', []))}")
+    console.print(f"  command: {escape(' '.join(meta.get('command', [])))}")
     console.print(
-        f"  torch {meta.get('torch')}  python {meta.get('python')}  "
-        f"cuda {meta.get('cuda') or '-'}  host {meta.get('host')}"
+        escape(
+            f"  torch {meta.get('torch')}  python {meta.get('python')}  "
+            f"cuda {meta.get('cuda') or '-'}  host {meta.get('host')}"
+        )
     )
-    console.print(f"  devices: {', '.join(meta.get('devices', []))}")
+    console.print(f"  devices: {escape(', '.join(meta.get('devices', [])))}")
     console.print(f"  started {_when(meta.get('started'))}  ended {_when(meta.get('ended'))}")
     if meta.get("stopped"):
-        console.print(f"  stopped early: {meta['stopped']}")
+        console.print(f"  stopped early: {escape(str(meta['stopped']))}")
     if meta.get("error"):
-        console.print(f"  script error: {meta['error']}")
+        console.print(f"  script error: {escape(str(meta['error']))}")
     for r in ranks:
         phases = ", ".join(f"{k} {v}" for k, v in sorted(r["phases"].items()))
         state = (
             "finished" if r["finished"] else "[yellow]did not finish (killed or still recording)[/]"
         )
-        after = r.get("ops_after_last_step", 0)
-        tail = f" + {after} op(s) after the last step" if after else ""
-        console.print(
-            f"  rank {r['rank']}: {r['ops']} ops in {r['steps']} step(s){tail} ({phases}); {state}"
-        )
+        steps = StepCount(r["steps"], r["ops_after_last_step"]).describe()
+        console.print(f"  rank {r['rank']}: {r['ops']} ops in {steps} ({phases}); {state}")
         if r.get("partial"):
-            console.print(f"    [yellow]partial trace: {_partial_end(r)}[/]")
+            console.print(f"    [yellow]partial trace: {escape(_partial_end(r))}[/]")
         if "recorder_failure" in r:
             f = r["recorder_failure"]
-            console.print(f"    [red]recording stopped at op {f['at_op']}: {f['error']}[/]")
+            error = escape(str(f["error"]))
+            console.print(f"    [red]recording stopped at op {f['at_op']}: {error}[/]")
         if "write_failure" in r:
-            console.print(f"    [red]{r['write_failure']}[/]")
+            console.print(f"    [red]{escape(str(r['write_failure']))}[/]")
         if "damage" in r:
-            console.print(f"    [red]{r['damage']}[/]")
+            console.print(f"    [red]{escape(str(r['damage']))}[/]")
     if meta.get("recorder_failure") and not any(
         "recorder_failure" in r or "write_failure" in r for r in ranks
     ):
-        console.print(f"  [red]recording stopped: {meta['recorder_failure']}[/]")
+        console.print(f"  [red]recording stopped: {escape(str(meta['recorder_failure']))}[/]")
 
 
 def _partial_end(rank: dict[str, Any]) -> str:
@@ -87,4 +91,19 @@ def print_op_table(ops: Sequence[OpRecord], title: str) -> None:
             "\n".join(f"{t.slot}: {t.describe_shape()}" for t in op.inputs),
             "\n".join(f"{t.describe_shape()} {t.fingerprint_text()}" for t in op.outputs),
         )
-    console.print(table)
+    if console.is_terminal:
+        console.print(table)
+    else:
+        _print_unfolded(table)
+
+
+def _print_unfolded(table: Table) -> None:
+    """A table into a pipe or a file: as wide as its longest cells, so that an op name or a
+    call site stays on one line for grep and for other programs (rich would fold it to 80
+    columns, the width it assumes when there is no terminal)."""
+    width = console.width
+    console.width = console.measure(table, options=console.options.update_width(1 << 16)).maximum
+    try:
+        console.print(table)
+    finally:
+        console.width = width

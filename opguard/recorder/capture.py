@@ -33,12 +33,15 @@ class Capturer:
         self.bytes = 0
         self.tensors = 0
         self.ops: set[int] = set()
+        self.matched = 0  # ops the SPEC chose (captured, or skipped past the cap)
         self.skipped = 0
         self.first_skipped: list[Any] | None = None  # [op index, "input"/"output", slot]
         self.unreadable = 0
 
     def wants(self, index: int, name: str, site: Callable[[], tuple[str, int] | None]) -> bool:
-        return self.spec.matches(index, name, site)
+        wanted = self.spec.matches(index, name, site)
+        self.matched += wanted
+        return wanted
 
     def take(self, index: int, direction: str, position: int, slot: str, tensor: Any) -> None:
         """Copies ``tensor`` (an input before the op, an output after it) for the trace."""

@@ -36,6 +36,36 @@ def exit_code_of(exc: SystemExit) -> int:
     return 1
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_EXAMPLES = os.path.join(_PACKAGE, "demo") + os.sep  # the bundled scripts are the user's code
+
+
+def _users(frame: traceback.FrameSummary) -> bool:
+    """Whether a traceback frame is the user's: not this launcher's, runpy's or the
+    recorder's (the dispatch mode an op runs inside while recording)."""
+    path = os.path.abspath(frame.filename) if os.path.isabs(frame.filename) else frame.filename
+    if path.startswith(_PACKAGE) and not path.startswith(_EXAMPLES):
+        return False
+    return not (path == "<frozen runpy>" or path == getattr(runpy, "__file__", None))
+
+
+def print_user_traceback(exc: BaseException) -> None:
+    """The script's exception on stderr as ``python script.py`` shows it: the user's frames
+    only, without the launcher and runpy above them or OpGuard's recorder between them (and
+    likewise in the exceptions it was raised from)."""
+    shown = traceback.TracebackException.from_exception(exc)
+    seen: set[int] = set()
+    pending = [shown]
+    while pending:  # the chain of causes and contexts, each once
+        part = pending.pop()
+        if id(part) in seen:
+            continue
+        seen.add(id(part))
+        part.stack = traceback.StackSummary.from_list([f for f in part.stack if _users(f)])
+        pending += [p for p in (part.__cause__, part.__context__) if p is not None]
+    sys.stderr.write("".join(shown.format()))
+
+
 def run_recorded(target: Target, run_dir: Path, options: RecordOptions, command: list[str]) -> int:
     """Runs ``target`` to its end (or to step ``options.steps``) while recording; returns the
     exit status the script itself would have had. ``command``: as typed, recorded in the run."""
@@ -63,11 +93,11 @@ def run_recorded(target: Target, run_dir: Path, options: RecordOptions, command:
     except SystemExit as exc:
         code = exit_code_of(exc)
         status = "finished" if code == 0 else "failed"
-    except KeyboardInterrupt:
-        traceback.print_exc()
+    except KeyboardInterrupt as exc:
+        print_user_traceback(exc)
         status, code, error = "failed", 130, "KeyboardInterrupt"
     except BaseException as exc:
-        traceback.print_exc()
+        print_user_traceback(exc)
         status, code, error = "failed", 1, f"{type(exc).__name__}: {exc}"
     finally:
         session.close(status, code, error)

@@ -231,9 +231,15 @@ class RecordingSession:
 
     def _report_capture(self, capturer: Capturer) -> None:
         """Writes what was captured into the trace, and says on stderr when the cap stopped
-        it: a skipped tensor is evidence the person asked for and will not find."""
+        it or when the SPEC chose no op: evidence the person asked for and will not find."""
         summary = capturer.summary()
         self.writer.put_info("capture", summary)
+        if not capturer.matched:  # a typo, or a line or index the run never reached
+            print(
+                f"opguard: capture {capturer.spec.text} matched no op: nothing was captured "
+                "(opguard show RUN --ops START:END lists the ops' indices, names and call sites)",
+                file=sys.stderr,
+            )
         if summary["limit_hit"]:
             op, direction, slot = summary["first_skipped"]
             print(

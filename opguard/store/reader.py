@@ -63,6 +63,17 @@ def _op_index(key: bytes | memoryview) -> int:
     return schema.op_index(bytes(key))
 
 
+def _clamped(index: int) -> int:
+    """``index`` within the range of op keys: the indices a reader is asked for come from
+    users (``--ops 99999999999999999999``, ``-1``), and no trace holds an op outside it."""
+    return min(max(index, 0), schema.MAX_OP_INDEX)
+
+
+def _holds(index: int) -> bool:
+    """Whether an op key can hold ``index`` at all."""
+    return 0 <= index <= schema.MAX_OP_INDEX
+
+
 class _Environments:
     """LMDB allows one open handle per environment and process, so readers of the same trace
     (say, a run diffed against itself) share it, counted."""
@@ -260,7 +271,7 @@ class RankTrace:
         """The GPU kernels, memcpys and memsets op ``index`` launched, then those launched after
         it by code OpGuard did not record (flagged; empty off the GPU)."""
         db = self._dbs.get("kernels")
-        if db is None:
+        if db is None or not _holds(index):
             return ()
         try:
             with self._env.begin() as txn:
@@ -284,7 +295,7 @@ class RankTrace:
         try:
             with self._env.begin() as txn:
                 cursor = txn.cursor(db=db)
-                if not cursor.set_range(schema.op_key(start)):
+                if not cursor.set_range(schema.op_key(_clamped(start))):
                     return found, total
                 for key, value in cursor:
                     index = _op_index(key)
@@ -305,7 +316,7 @@ class RankTrace:
         """The tensors of op ``index`` stored in full (``record --capture``): its inputs as
         they were before it ran, then its outputs. Empty when the op was not captured."""
         db = self._dbs.get("captures")
-        if db is None:
+        if db is None or not _holds(index):
             return []
         prefix = schema.op_key(index)
         found: list[CapturedTensor] = []
@@ -341,10 +352,12 @@ class RankTrace:
     def raw_ops(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
         """Undecoded op maps in execution order, from ``start`` up to ``stop`` (exclusive).
         Reading ends at a damaged record, noted in :attr:`damage`."""
+        if start > schema.MAX_OP_INDEX:
+            return
         try:
             with self._env.begin(buffers=True) as txn:
                 cursor = txn.cursor(db=self._dbs["ops"])
-                if not cursor.set_range(schema.op_key(start)):
+                if not cursor.set_range(schema.op_key(_clamped(start))):
                     return
                 for key, value in cursor:
                     index = _op_index(key)
@@ -368,6 +381,10 @@ class RankTrace:
         :func:`advise_pages`), and asks for sequential readahead while it lasts: the
         environment is opened for random access, so each page not in the page cache would
         otherwise be a separate 4 KiB read from the disk."""
+        if start > schema.MAX_OP_INDEX:
+            return
+        if stop is not None and stop > schema.MAX_OP_INDEX:
+            stop = None
         # Found once: the map stays where it is while the environment is open, as it is
         # whenever pages are released below (just after the cursor read from them).
         spans = mapped_spans(self.path) if stop is None else []
@@ -375,10 +392,10 @@ class RankTrace:
         try:
             with self._env.begin() as txn:
                 cursor = txn.cursor(db=self._dbs["ops"])
-                if not cursor.set_range(schema.op_key(start)):
+                if not cursor.set_range(schema.op_key(_clamped(start))):
                     return
                 if stop is not None:  # keys too, to stop at
-                    stop_key = schema.op_key(stop)
+                    stop_key = schema.op_key(_clamped(stop))
                     pairs = cursor.iternext(keys=True, values=True)
                     while chunk := list(islice(pairs, size)):
                         if chunk[-1][0] >= stop_key:
@@ -412,7 +429,7 @@ class RankTrace:
     def op(self, index: int) -> OpRecord:
         try:
             with self._env.begin() as txn:
-                raw = txn.get(schema.op_key(index), db=self._dbs["ops"])
+                raw = txn.get(schema.op_key(index), db=self._dbs["ops"]) if _holds(index) else None
         except lmdb.Error as exc:
             raise TraceError(f"{self.path}: op {index} unreadable ({exc})") from None
         if raw is None:

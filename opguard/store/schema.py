@@ -70,6 +70,9 @@ OP_KEY_SIZE = _KEY.size
 ID_KEY_SIZE = _ID.size
 
 
+MAX_OP_INDEX = (1 << 64) - 1  # the largest index an op key holds
+
+
 def op_key(index: int) -> bytes:
     return _KEY.pack(index)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -56,18 +57,33 @@ def child_command(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return child
 
 
+def directory_name(text: str) -> str:
+    """An argparse type for a directory to write: an empty name is refused, not read as the
+    working directory (which is what a path made of it would mean)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty name is not a directory")
+    return text
+
+
 def print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, separators=(",", ":"), default=str)
     sys.stdout.write("\n")
 
 
 def parse_range(text: str) -> tuple[int, int | None]:
-    """``START:END`` (END exclusive, either side optional) or a single index."""
+    """``START:END`` (END exclusive, either side optional) or a single index, as ``--ops``
+    takes it: indices from 0, END past START."""
     try:
         if ":" in text:
-            start, _, end = text.partition(":")
-            return int(start or 0), int(end) if end else None
-        index = int(text)
-        return index, index + 1
+            start_text, _, end_text = text.partition(":")
+            start, end = int(start_text or 0), int(end_text) if end_text else None
+        else:
+            start = int(text)
+            end = start + 1
     except ValueError:
         raise CommandError(f"--ops takes START:END or an index, not {text!r}") from None
+    if start < 0 or (end is not None and end < 0):
+        raise CommandError(f"--ops takes op indices from 0, not {text!r}")
+    if end is not None and end <= start:
+        raise CommandError(f"--ops {text}: END must be past START (END is exclusive)")
+    return start, end

@@ -22,7 +22,8 @@ from ...analysis import diff_runs
 from ...capture_spec import DEFAULT_LIMIT, CaptureSpec
 from ...store import OpRecord, Run
 from ...store.meta import NUMERICS_ENV
-from .base import CommandError
+from .base import CommandError, directory_name
+from .record import parse_recorded
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,11 +39,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--window", type=int, default=0, metavar="K", help="also capture K ops on each side"
     )
-    p.add_argument("--capture-limit", default=str(DEFAULT_LIMIT), metavar="SIZE")
+    p.add_argument(
+        "--capture-limit",
+        default=str(DEFAULT_LIMIT),
+        metavar="SIZE",
+        help=f"most bytes of tensors captured per rank (default: {DEFAULT_LIMIT >> 20}MiB)",
+    )
     p.add_argument(
         "-o",
         "--outputs",
         nargs=2,
+        type=directory_name,
         metavar=("NEW_A", "NEW_B"),
         help="the new run directories (default: RUN_A-capture and RUN_B-capture)",
     )
@@ -56,19 +63,23 @@ def _indices(ops: list[OpRecord | None], window: int) -> list[int]:
 
 
 def target_of(meta: dict[str, Any], path: str) -> list[str]:
-    """What ``opguard record`` ran (``-- SCRIPT ARGS…`` or ``-m MODULE ARGS…``), from the
-    command ``meta.json`` keeps."""
+    """What ``opguard record`` ran and how, from the command ``meta.json`` keeps: the switches
+    that change how the program runs (``--eager``, ``--verify-inputs``), then ``-- SCRIPT
+    ARGS…`` or ``-m MODULE ARGS…``. Its own ``--steps`` and ``--capture`` are left out: the
+    re-recording chooses them."""
     command = [str(c) for c in meta.get("command", [])]
-    if command[:2] != ["opguard", "record"] or "-o" not in command:
+    if command[:2] != ["opguard", "record"]:
         raise CommandError(
             f"{path} was recorded from code (opguard.record()), not by opguard record: pass "
             "capture=SPEC to opguard.record() and run it again"
         )
-    at = command.index("-o")
-    target = command[at + 2 :]
-    if not target or target[0] not in ("--", "-m"):
-        raise CommandError(f"{path}: cannot read the recorded command {shlex.join(command)}")
-    return target
+    try:
+        options, target = parse_recorded(command)
+    except CommandError:
+        raise CommandError(
+            f"{path}: cannot read the recorded command {shlex.join(command)}"
+        ) from None
+    return [*options.mode_switches(), *target]
 
 
 def _record(

@@ -7,7 +7,7 @@ import argparse
 from ...analysis import diff_runs
 from ...analysis.contract import to_json
 from ...store import Run
-from .base import call_tool, print_json
+from .base import CommandError, call_tool, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.json and (args.offset is not None or args.limit is not None):
+    paged = args.offset is not None or args.limit is not None
+    if paged and not args.json:  # the report has no per-step list to page
+        raise CommandError("--offset and --limit page the per-step lists of --json: add --json")
+    if paged:
         # A page of the per-step lists, bounded in size: the diff tool's answer.
         keys = ("run_a", "run_b", "rank", "step", "offset", "limit")
         answer = call_tool("diff", {k: getattr(args, k) for k in keys})

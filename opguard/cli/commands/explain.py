@@ -12,6 +12,12 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ...analysis import diff_runs
+from ...spending_limits import (
+    DEFAULT_BUDGET_USD,
+    DEFAULT_MAX_OUTPUT,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_ROUNDS,
+)
 from ...store import Run
 from .base import CommandError, print_json, tool_errors
 
@@ -45,23 +51,60 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_b", metavar="RUN_B")
     p.add_argument("--rank", type=int, help="compare only this rank")
     p.add_argument("--step", type=int, help="compare only this step")
-    p.add_argument("--model", metavar="M", help="LiteLLM model, e.g. groq/openai/gpt-oss-20b")
-    p.add_argument("--api-base", metavar="URL", help="an OpenAI-compatible server's base URL")
+    p.add_argument(
+        "--model",
+        metavar="M",
+        help="LiteLLM model, e.g. groq/openai/gpt-oss-20b (default: $OPGUARD_MODEL, the config "
+        "file, else none: the offline reading)",
+    )
+    p.add_argument(
+        "--api-base",
+        metavar="URL",
+        help="an OpenAI-compatible server's base URL (default: $OPGUARD_API_BASE)",
+    )
     p.add_argument(
         "--api-key",
         metavar="KEY",
         help="API key (visible to other users in the process list: prefer the provider's "
         "environment variable or the config file)",
     )
-    # Defaults live in opguard.agent.config (not imported here: building the parser must stay
-    # cheap); the limits in force are printed before the first call.
-    p.add_argument("--budget", metavar="USD", help="most the session may spend")
-    p.add_argument("--max-tokens", metavar="N", help="most prompt + output tokens in the session")
-    p.add_argument("--max-output", metavar="N", help="most output tokens of one call")
-    p.add_argument("--rounds", metavar="N", help="most rounds of follow-up tool calls")
-    p.add_argument("--input-price", metavar="USD", help="USD per million input tokens")
-    p.add_argument("--output-price", metavar="USD", help="USD per million output tokens")
-    p.add_argument("-q", "--question", help="ask this instead of the default question")
+    # Flags left unset fall back to the environment and the config file (opguard.agent.config);
+    # these defaults come last. The limits in force are printed before the first call.
+    p.add_argument(
+        "--budget",
+        metavar="USD",
+        help=f"most the session may spend (default: {DEFAULT_BUDGET_USD})",
+    )
+    p.add_argument(
+        "--max-tokens",
+        metavar="N",
+        help=f"most prompt + output tokens in the session (default: {DEFAULT_MAX_TOKENS})",
+    )
+    p.add_argument(
+        "--max-output",
+        metavar="N",
+        help=f"most output tokens of one call (default: {DEFAULT_MAX_OUTPUT})",
+    )
+    p.add_argument(
+        "--rounds",
+        metavar="N",
+        help=f"most rounds of follow-up tool calls (default: {DEFAULT_ROUNDS})",
+    )
+    p.add_argument(
+        "--input-price",
+        metavar="USD",
+        help="USD per million input tokens (default: LiteLLM's price for the model)",
+    )
+    p.add_argument(
+        "--output-price",
+        metavar="USD",
+        help="USD per million output tokens (default: LiteLLM's price for the model)",
+    )
+    p.add_argument(
+        "-q",
+        "--question",
+        help="ask this (default: what caused the first divergence, what to change or check)",
+    )
     p.add_argument("--json", action="store_true", help="print one opguard.explain/1 object")
     p.add_argument(
         "--brief",

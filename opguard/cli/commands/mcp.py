@@ -14,8 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "mcp",
         help="serve the tools to a coding agent over MCP (stdio)",
-        description="Serves every tool of `opguard tools` over the Model Context Protocol on "
-        "stdin/stdout until the client disconnects. Needs: pip install 'opguard[mcp]'.",
+        description="Serves every tool that opguard tools lists over the Model Context Protocol "
+        "on stdin/stdout until the client disconnects. Needs: pip install 'opguard[mcp]'.",
     )
     p.set_defaults(run=run)
 

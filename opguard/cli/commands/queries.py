@@ -22,8 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         tool = BY_NAME[name]
         p = sub.add_parser(
             name,
-            help=tool.purpose[0].lower() + tool.purpose[1:].rstrip("."),
-            description=f"{tool.purpose} Usage: {tool.usage()}",
+            help=_summary(tool.purpose),
+            description=f"{tool.purpose} Prints JSON: indented, or on one line with --json.",
         )
         for param in tool.all_params:
             dest = PREFIX + param.name
@@ -32,16 +32,26 @@ def register(sub: argparse._SubParsersAction) -> None:
             elif param.kind == "boolean":
                 p.add_argument(param.flag, dest=dest, action="store_true", help=param.help)
             else:
+                default = "" if param.default is None else f" (default: {param.default})"
                 p.add_argument(
                     param.flag,
                     dest=dest,
                     metavar=param.name.upper(),
                     type=_TYPES[param.kind],
                     choices=param.choices or None,
-                    help=param.help,
+                    help=param.help + default,
                 )
         p.add_argument("--json", action="store_true", help="one line of JSON (default: indented)")
         p.set_defaults(run=run, tool=name)
+
+
+def _summary(purpose: str) -> str:
+    """A tool's purpose as one entry of the command list: its first clause, lower-cased
+    as the list's other entries are (unless it starts with an acronym, "GPU")."""
+    clause = purpose.rstrip(".")
+    for end in (": ", " ("):
+        clause = clause.split(end, 1)[0]
+    return clause if clause[1:2].isupper() else clause[0].lower() + clause[1:]
 
 
 def run(args: argparse.Namespace) -> int:

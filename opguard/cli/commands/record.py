@@ -14,7 +14,7 @@ from typing import Any
 from ...capture_spec import DEFAULT_LIMIT, CaptureSpec, SpecError, parse_size
 from ...record_options import RecordOptions
 from ...store import TraceError
-from .base import CommandError, call_tool, child_command, print_json
+from .base import CommandError, call_tool, child_command, directory_name, print_json
 
 OUTPUT_TAIL = 20  # last lines of the script's stdout and stderr in the JSON answer
 LINE_CHARS = 300
@@ -27,7 +27,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Runs SCRIPT (or -m MODULE) as __main__ with its own arguments, records "
         "every op into RUN_DIR, and exits with the script's exit status.",
     )
-    p.add_argument("-o", "--output", required=True, metavar="RUN_DIR", help="run directory")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        type=directory_name,
+        metavar="RUN_DIR",
+        help="run directory",
+    )
     p.add_argument(
         "--steps",
         type=int,
@@ -61,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--capture-limit",
         metavar="SIZE",
         default=str(DEFAULT_LIMIT),
-        help="most bytes of tensors captured per rank (default 256MiB)",
+        help=f"most bytes of tensors captured per rank (default: {DEFAULT_LIMIT >> 20}MiB)",
     )
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
     p.add_argument(
@@ -96,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     from ...recorder.launch import Target, run_recorded
     from ...recorder.torchrun import parse_job, run_torchrun, torchrun_argv
 
-    recorded_as = ["opguard", "record", "-o", args.output, *options.mode_switches()]
+    # As typed (every option, so that `opguard show` tells how the run was made).
+    recorded_as = ["opguard", "record", "-o", args.output, *options.switches()]
     launcher = torchrun_argv(target_args, args.module)
     if launcher is not None:
         try:
@@ -119,6 +127,24 @@ def run(args: argparse.Namespace) -> int:
     # As typed, so that it replays: `-m MODULE ARGS…` or `-- SCRIPT ARGS…`.
     where = target.describe() if target.is_module else ["--", *target.describe()]
     return run_recorded(target, Path(args.output), options, [*recorded_as, *where])
+
+
+class _RecordedParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise CommandError(message)
+
+
+def parse_recorded(command: list[str]) -> tuple[RecordOptions, list[str]]:
+    """The options and the target (``-- SCRIPT ARGS…`` or ``-m MODULE ARGS…``) of a command
+    a run recorded (``opguard record …``, as :func:`run` writes it into ``meta.json``), read by
+    the parser that read it then."""
+    parser = _RecordedParser(prog="opguard")
+    register(parser.add_subparsers(dest="command", parser_class=_RecordedParser))
+    args = parser.parse_args(command[1:])
+    rest = list(args.target)
+    if args.module:
+        return _options(args), ["-m", args.module, *rest]
+    return _options(args), ["--", *(rest[1:] if rest[:1] == ["--"] else rest)]
 
 
 def _options(args: argparse.Namespace) -> RecordOptions:

@@ -6,9 +6,10 @@ import argparse
 from collections import Counter
 from typing import Any
 
+from ...analysis.steps import count_steps
 from ...store import RankTrace, Run
 from ...store import schema as store_schema
-from .base import parse_range, print_json
+from .base import CommandError, parse_range, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,16 +37,12 @@ def rank_summary(trace: RankTrace) -> dict[str, Any]:
     if not isinstance(end, dict):
         end = None
     write_failure = trace.info.get("write_failure")
-    # Completed optimizer steps, as the recorder counted them (unless recording stopped early:
-    # then the steps the trace holds); ops after the last step (a final loss.item(),
-    # evaluation) are counted apart rather than as one more step.
-    counted = end and isinstance(end.get("steps"), int) and not (trace.failure or write_failure)
-    steps = end["steps"] if end and counted else len(step_values)
+    steps = count_steps(trace, step_values)
     summary: dict[str, Any] = {
         "rank": trace.rank,
         "ops": count,
-        "steps": steps,
-        "ops_after_last_step": sum(n for s, n in step_values.items() if s >= steps),
+        "steps": steps.steps,
+        "ops_after_last_step": steps.ops_after,
         "phases": dict(phases),
         "finished": trace.finished,
         "partial": trace.partial,
@@ -74,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         traces = [run_.rank(r) for r in ranks]
         if args.ops is not None:
             start, stop = parse_range(args.ops)
+            _check_selects(args.ops, start, traces)
             ops = {t.rank: list(t.ops(start, stop)) for t in traces}
             if args.json:
                 print_json({"ranks": {str(r): [o.to_json() for o in v] for r, v in ops.items()}})
@@ -91,6 +89,18 @@ def run(args: argparse.Namespace) -> int:
 
             print_run_summary(args.run_dir, summary["run"], summary["ranks"])
     return 0
+
+
+def _check_selects(text: str, start: int, traces: list[RankTrace]) -> None:
+    """Refuses an ``--ops`` range that starts past the last op of every rank shown: an empty
+    table would read as "no ops there" rather than "wrong range"."""
+    if any(start < len(t) for t in traces):
+        return
+    held = "; ".join(
+        f"rank {t.rank} has ops 0 to {len(t) - 1}" if len(t) else f"rank {t.rank} has no ops"
+        for t in traces
+    )
+    raise CommandError(f"--ops {text} selects no op: {held}")
 
 
 def answer(args: dict[str, Any]) -> dict[str, Any]:

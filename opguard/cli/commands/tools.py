@@ -11,7 +11,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "tools",
         help="list the tools for coding agents (CLI --json and MCP)",
-        description="Lists the tools, their purpose and usage.",
+        description="Lists the tools for coding agents, with their purpose and usage: each is "
+        "also an opguard command with --json, and an MCP tool (opguard mcp).",
     )
     p.add_argument("--json", action="store_true", help="name, purpose, usage, input schema")
     p.set_defaults(run=run)

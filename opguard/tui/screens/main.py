@@ -173,6 +173,7 @@ class MainScreen(Screen[None]):
             self.session.ranks,
             step,
             rows.steps,
+            rows.steps_taken,
         )
         self.query_one(Pictures).mark(rows.steps.index(step) if step is not None else None)
         row = cursor.row

@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ...analysis import RankDiff
+from ...analysis.steps import StepCount
 from ..session import RunState
 
 
@@ -26,7 +27,10 @@ class RunHeader(Static):
         ranks: Sequence[int],
         step: int | None,
         steps: Sequence[int],
+        taken: int,
     ) -> None:
+        """``steps``: the step numbers the list holds; ``taken``: how many of them are steps
+        (the others hold the ops after the last step)."""
         text = Text()
         if failed:
             text.append(" DIFF FAILED ", style="bold white on red")
@@ -40,8 +44,11 @@ class RunHeader(Static):
             kind = first.kind if first.kind == first.cause else f"{first.kind} ({first.cause})"
             text.append(f"  {kind}, first seen in step {first.step}")
         where = f"  rank {rank} ({len(ranks)} compared)"
-        if step is not None:
-            where += f" · step {step} ({steps.index(step) + 1} of {len(steps)})"
+        if step is not None and step < taken:
+            where += f" · step {step} ({steps.index(step) + 1} of {taken})"
+        elif step is not None:
+            ended = f"after the last step ({StepCount(taken).describe()})"
+            where += f" · {ended if taken else 'before any step ended'}"
         text.append(where, style="bold")
         text.append("\n")
         for name, run in zip("AB", runs, strict=True):
