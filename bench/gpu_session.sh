@@ -2,8 +2,10 @@
 # Everything GPU in one device session: build the extension for Hopper, run the cuda tests,
 # then the GPU benchmarks, writing each output under $OUT (default ./gpu-out).
 #
-#   bash bench/gpu_session.sh [tests] [bench] [kernels] [ddp] [compile] [parts]
-#                                        (default: all but parts)
+#   bash bench/gpu_session.sh [tests] [bench] [kernels] [ddp] [compile] [parts] [fixture]
+#                                        (default: all but parts and fixture)
+#   fixture: records tests/data/cross_version/mlp.py with this machine's torch into
+#            $OUT/torch-X.Y (copy it to tests/data/cross_version/: the cross-version pair)
 #   bash bench/gpu_session.sh build                                         (only build)
 #
 # On a machine without lmdb, put its wheel in .whl/ first (see docs/PERFORMANCE.md).
@@ -48,6 +50,11 @@ for part in $parts; do
     parts)  # what each part of the recorder costs per op on this host (host-bound batch)
       python3 "$ROOT/bench/host_parts.py" --rounds 3 --steps 6 2>&1 | grep -v Warning \
         | tee "$OUT/host_parts.txt" ;;
+    fixture)
+      version=$(python3 -c 'import torch; print(".".join(torch.__version__.split(".")[:2]))')
+      python3 -m opguard record -o "$OUT/torch-$version" --overwrite -- \
+        "$ROOT/tests/data/cross_version/mlp.py" 2>&1 | tee "$OUT/fixture.txt"
+      rm -f "$OUT/torch-$version"/rank-*/lock.mdb ;;
     build) ;;  # the build above is all
     compile)
       python3 "$ROOT/bench/overhead.py" --compile --rounds 2 --steps 5 --no-debugmode \
