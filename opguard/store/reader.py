@@ -36,9 +36,11 @@ from .records import (
     decode_name,
     decode_stack,
 )
+from .states import StepState, decode_state_name, decode_step
 
 COMPLETE_STATUSES = ("finished", "stopped")  # ``end`` statuses of a run recorded to its end
-OPTIONAL_DBS = ("kernels", "captures")  # absent in traces recorded before they existed
+# Absent in traces recorded before they existed.
+OPTIONAL_DBS = ("kernels", "captures", "steps", "states")
 CHUNK = 4096  # records per chunk of RankTrace.raw_chunks
 
 
@@ -226,6 +228,42 @@ class RankTrace:
         return self._table("names", decode_name)
 
     @cached_property
+    def state_names(self) -> dict[int, str]:
+        return self._table("states", decode_state_name) if "states" in self._dbs else {}
+
+    @property
+    def has_steps(self) -> bool:
+        """Whether the trace holds step-level records (:mod:`.states`)."""
+        return self.step_count() > 0
+
+    def step_count(self) -> int:
+        db = self._dbs.get("steps")
+        if db is None:
+            return 0
+        try:
+            with self._env.begin() as txn:
+                return int(txn.stat(db)["entries"])
+        except lmdb.Error:
+            return 0
+
+    def step_states(self, start: int = 0) -> Iterator[StepState]:
+        """Step-level records from step ``start`` on, in step order; reading ends at a
+        damaged record (see :attr:`damage`)."""
+        db = self._dbs.get("steps")
+        if db is None:
+            return
+        names = self.state_names
+        try:
+            with self._env.begin() as txn:
+                cursor = txn.cursor(db=db)
+                if not cursor.set_range(schema.op_key(max(0, start))):
+                    return
+                for _, value in cursor:
+                    yield decode_step(_unpack(value), names)
+        except (lmdb.Error, DamagedRecord) as exc:
+            self.damage = f"reading stopped at a damaged step record: {exc}"
+
+    @cached_property
     def sites(self) -> dict[int, CallSite]:
         return self._table("sites", CallSite.decode)
 
@@ -239,7 +277,7 @@ class RankTrace:
 
     def refresh(self) -> None:
         """Forgets cached tables so ops written since opening become readable."""
-        for name in ("op_names", "sites", "stacks"):
+        for name in ("op_names", "sites", "stacks", "state_names"):
             self.__dict__.pop(name, None)
         self.info = self._read_info()
 

@@ -24,6 +24,15 @@ A run directory holds ``meta.json`` (the run as a whole) and one LMDB environmen
     length, ``b`` the bytes of the elements in logical (row-major) order, compressed. The
     ``info`` entry ``capture`` says what was asked, what was stored and whether the size cap
     stopped it (:mod:`opguard.store.captures`).
+``steps``
+    the training state at each step boundary (step-level records, :mod:`opguard.store.states`):
+    key: the step's number as an 8-byte big-endian integer; value: map ``s`` step, ``e`` list
+    of state entries ``[kind, name id, slot, tensor entry]`` (kinds: STATE_KINDS; ``slot``: an
+    optimizer state's key, such as ``exp_avg``, else ``""``; the tensor entry holds ``d``,
+    ``s``, ``h``, ``z``, ``b``, ``m``, ``f`` as below). Absent in traces recorded before it.
+``states``
+    interned names of state tensors (``transformer.h.3.mlp.c_fc.weight``, or ``group 0 param
+    5`` where no module owns the parameter); key: 4-byte big-endian id.
 
 Op record fields (short keys keep traces small; readers map them to names)::
 
@@ -50,7 +59,12 @@ from __future__ import annotations
 import struct
 
 SCHEMA_VERSION = 1
-DB_NAMES = ("ops", "names", "sites", "stacks", "info", "kernels", "captures")
+DB_NAMES = ("ops", "names", "sites", "stacks", "info", "kernels", "captures", "steps", "states")
+
+# Kinds of step-level state entries, in the order a step computes them: the loss (the tensor
+# ``backward()`` was called on), each parameter's gradient as the optimizer saw it, the
+# parameters and optimizer states after its update, the modules' buffers, the RNG states.
+STATE_KINDS = ("loss", "grad", "param", "state", "buffer", "rng")
 META_FILE = "meta.json"
 RANK_DIR_PREFIX = "rank-"
 

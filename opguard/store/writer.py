@@ -110,6 +110,7 @@ class TraceWriter:
         self.intern_name = Interner(lambda i, v: self._put_later("names", schema.id_key(i), v))
         self.intern_site = Interner(lambda i, v: self._put_later("sites", schema.id_key(i), v))
         self.intern_stack = Interner(lambda i, v: self._put_later("stacks", schema.id_key(i), v))
+        self.intern_state = Interner(lambda i, v: self._put_later("states", schema.id_key(i), v))
         # Appended by the recording threads, taken by the writer: deque appends and pops are
         # atomic, so neither side takes a lock (one per op, on the training thread, before).
         self._pending: collections.deque[QueuedItem] = collections.deque()
@@ -233,7 +234,8 @@ class TraceWriter:
                             self._put_kernels(txn, items)
                             continue
                         with txn.cursor(db=self._dbs[db]) as cursor:
-                            cursor.putmulti(items, append=(db != "info"))
+                            # steps may be renumbered (opguard.step(n)): no append there
+                            cursor.putmulti(items, append=db not in ("info", "steps"))
                 break
             except lmdb.MapFullError:
                 self._env.set_mapsize(self._env.info()["map_size"] * 2)
@@ -275,6 +277,11 @@ class TraceWriter:
         """Queues a captured tensor (see :mod:`opguard.store.captures`); ``value`` is called
         on the writer thread, so compression never runs on the training thread."""
         self._put_later("captures", key, value)
+
+    def put_step(self, step: int, value: dict[str, Any] | Packer) -> None:
+        """Queues step ``step``'s state record (:mod:`.states`): a dict, or a callable that
+        makes it on the writer thread (it may wait there for GPU fingerprints to land)."""
+        self._put_later("steps", schema.op_key(step), value)
 
     def put_info(self, key: str, value: Any) -> None:
         """Writes an ``info`` entry with the next batch (e.g. a recorder failure)."""

@@ -1,0 +1,96 @@
+"""Step-level records: the training state at each step boundary, as stored and as read.
+
+Recording every op costs a fraction of each step and about a megabyte of trace per GPT-2 step;
+a week-long run cannot afford it. What it can afford is a fingerprint of its *state* once per
+step: the loss, every parameter's gradient as the optimizer saw it, the parameters and
+optimizer states after the update, the modules' buffers, the RNG states. Two runs' step-level
+records say at which step and rank they first differ, and in what (a gradient: that step's
+forward or backward; a parameter with equal gradients: the optimizer), which is where op-level
+recording then looks (``opguard record --window``).
+
+Layout (:mod:`.schema`): database ``steps``, one record per step, key the step number, value
+``{"s": step, "e": [[kind, name id, slot, tensor entry], ...]}``; names interned in ``states``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from . import schema
+from .errors import DamagedRecord
+from .records import TensorRecord
+
+KIND_ORDER = {kind: order for order, kind in enumerate(schema.STATE_KINDS)}
+
+
+@dataclass(frozen=True, slots=True)
+class StateEntry:
+    """One tensor of the training state at a step boundary."""
+
+    kind: str  # one of schema.STATE_KINDS
+    name: str  # module path of a parameter or buffer, "group G param P", "loss", "cpu", ...
+    slot: str  # an optimizer state's key (``exp_avg``), else ""
+    tensor: TensorRecord
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """What identifies the entry in both runs' records of a step."""
+        return (self.kind, self.name, self.slot)
+
+    @property
+    def label(self) -> str:
+        """``grad transformer.h.3.mlp.c_fc.weight``, ``state transformer.wte.weight exp_avg``."""
+        return " ".join(part for part in (self.kind, self.name, self.slot) if part)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "slot": self.slot,
+            "tensor": self.tensor.to_json(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StepState:
+    """The state entries recorded at the end of step ``step`` of one rank."""
+
+    step: int
+    entries: tuple[StateEntry, ...]
+
+    def by_key(self) -> dict[tuple[str, str, str], StateEntry]:
+        return {entry.key: entry for entry in self.entries}
+
+
+def encode_step(step: int, entries: Iterable[tuple[str, int, str, dict[str, Any]]]) -> dict:
+    """The stored value of a step's record: ``entries`` are (kind, name id, slot, tensor entry
+    fields)."""
+    return {"s": step, "e": [list(entry) for entry in entries]}
+
+
+def decode_step(raw: Any, names: dict[int, str]) -> StepState:
+    """A stored step record; :class:`DamagedRecord` when it is not one."""
+    if not (isinstance(raw, dict) and type(raw.get("s")) is int and isinstance(raw.get("e"), list)):
+        raise DamagedRecord("step record of the wrong shape")
+    entries = []
+    for item in raw["e"]:
+        if not (
+            isinstance(item, list)
+            and len(item) == 4
+            and item[0] in KIND_ORDER
+            and type(item[1]) is int
+            and isinstance(item[2], str)
+        ):
+            raise DamagedRecord("step record with a damaged state entry")
+        kind, name_id, slot, fields = item
+        tensor = TensorRecord.decode({**fields, "n": slot} if isinstance(fields, dict) else fields)
+        entries.append(StateEntry(kind, names.get(name_id, f"<state {name_id}>"), slot, tensor))
+    return StepState(raw["s"], tuple(entries))
+
+
+def decode_state_name(raw: Any) -> str:
+    if not isinstance(raw, str):
+        raise DamagedRecord("state name that is not a string")
+    return raw
