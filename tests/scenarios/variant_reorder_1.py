@@ -36,10 +36,10 @@ def main() -> None:
         loss = F.cross_entropy(logits, targets[step])  # <- loss
         opt.zero_grad()  # <- zero_grad
         loss.backward()  # <- backward
-        spread = logits.detach().std()  # CHANGED
-        level = logits.detach().abs().mean()  # CHANGED
+        std = logits.detach().std()  # CHANGED
+        mag = logits.detach().abs().mean()  # CHANGED
         opt.step()  # <- opt.step
-        print(f"step {step} {loss.item():.6f} {spread.item():.4f} {level.item():.4f}")  # CHANGED
+        print(f"step {step} loss {loss.item():.6f} {std.item():.4f} {mag.item():.4f}")  # CHANGED
 
 
 if __name__ == "__main__":
