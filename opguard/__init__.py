@@ -7,7 +7,10 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers and editors see; at run time, loaded on first use
+    from .recorder import record, step
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "record", "step"]
