@@ -41,8 +41,10 @@ class StateEntry:
 
     @property
     def label(self) -> str:
-        """``grad transformer.h.3.mlp.c_fc.weight``, ``state transformer.wte.weight exp_avg``."""
-        return " ".join(part for part in (self.kind, self.name, self.slot) if part)
+        """``grad transformer.h.3.mlp.c_fc.weight``, ``state transformer.wte.weight exp_avg``,
+        ``loss`` (a name that repeats the kind is said once)."""
+        name = "" if self.name == self.kind else self.name
+        return " ".join(part for part in (self.kind, name, self.slot) if part)
 
     def to_json(self) -> dict[str, Any]:
         return {
