@@ -50,8 +50,9 @@ def fingerprint(entry: Entry, step: int, shift: int = 0) -> int:
     return zlib.crc32(f"{label(entry)}@{step}".encode()) + shift
 
 
-def _fields(entry: Entry, value: int) -> dict[str, Any]:
-    """A tensor entry as the recorder stores a state tensor (d, s, h, z, b, m, f)."""
+def _fields(entry: Entry, value: int, other_stats: bool = False) -> dict[str, Any]:
+    """A tensor entry as the recorder stores a state tensor (d, s, h, z, b, m, f);
+    ``other_stats``: its mean as another device's reduction order makes it."""
     kind = entry[0]
     if kind == "rng":
         return {"d": "uint8", "s": [16], "h": value, "z": 16, "f": 0}
@@ -61,7 +62,8 @@ def _fields(entry: Entry, value: int) -> dict[str, Any]:
     shape = [] if kind == "loss" else [len(values)]
     head = struct.pack(f"<{len(values)}f", *values)
     rounded = list(struct.unpack(f"<{len(values)}f", head))
-    stats = [min(rounded), max(rounded), sum(rounded) / len(rounded), max(map(abs, rounded)), 0, 0]
+    mean = sum(rounded) / len(rounded) * (1 + 1e-7 if other_stats else 1)
+    stats = [min(rounded), max(rounded), mean, max(map(abs, rounded)), 0, 0]
     return {"d": "float32", "s": shape, "h": value, "z": len(head), "b": head, "m": stats, "f": 0}
 
 
@@ -91,12 +93,14 @@ def write_state_run(
     ops_differ_from: int | None = None,
     rank: int = 0,
     reverse_names: bool = False,
+    other_stats: bool = False,
     step_records: bool = True,
     finished: bool = True,
 ) -> Path:
     """One rank of a run (``path`` created when needed; several ranks share a directory).
     ``extra``/``missing``: entries this run records besides / instead of the model's;
     ``reverse_names``: state names interned in another order (ids differ, names do not);
+    ``other_stats``: equal contents with means computed as on another device;
     ``step_records=False``: op records only, as recorded before step-level records existed."""
     path.mkdir(parents=True, exist_ok=True)
     write_meta(path, {"schema": schema.SCHEMA_VERSION, "command": ["test"], "status": "finished"})
@@ -127,7 +131,12 @@ def write_state_run(
         if not step_records:
             continue
         stored = [
-            (entry[0], ids[entry[1]], entry[2], _fields(entry, _value(entry, step, differ or {})))
+            (
+                entry[0],
+                ids[entry[1]],
+                entry[2],
+                _fields(entry, _value(entry, step, differ or {}), other_stats),
+            )
             for entry in entries
         ]
         writer.put_step(step, encode_step(step, stored))

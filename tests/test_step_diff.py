@@ -17,8 +17,10 @@ import pytest
 from conftest import cli_in_process
 from state_runs import write_state_run
 
-from opguard.analysis import diff_runs
+from opguard._C import step_contents
+from opguard.analysis import diff_runs, state_diff
 from opguard.store import Run, schema
+from opguard.store.states import comparable_entries
 
 # What changes in run B from step 5 on, and what the diff must say of step 5.
 CAUSES = {
@@ -96,14 +98,50 @@ def test_identical_runs(tmp_path: Path) -> None:
     assert result["ranks"][0]["step_level"]["compared"] == 10
 
 
-def test_state_names_interned_in_another_order_compare_by_name(tmp_path: Path) -> None:
-    """No step's bytes are equal then: every step is decoded and matched by name."""
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_equal_states_in_other_bytes_are_equal(
+    tmp_path: Path, native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """State names interned in another order, stats computed as on another device: no step's
+    bytes are equal, yet the states are, and the step whose content differs is still found
+    (by the extension's reading of the records, and by Python's for an extension without
+    it)."""
+    if not native:
+        monkeypatch.setattr(state_diff, "_step_contents", None)
     a = write_state_run(tmp_path / "a")
-    b = write_state_run(tmp_path / "b", reverse_names=True)
-    assert _diff_json(a, b, code=0)["verdict"] == "identical"
-    c = write_state_run(tmp_path / "c", reverse_names=True, differ={"grad fc2.bias": 4})
-    first = _diff_json(a, c)["first_divergence"]
-    assert (first["step"], first["state"]["name"]) == (4, "fc2.bias")
+    for name, other in (("names", {"reverse_names": True}), ("stats", {"other_stats": True})):
+        b = write_state_run(tmp_path / name, **other)
+        assert _diff_json(a, b, code=0)["verdict"] == "identical", name
+        c = write_state_run(tmp_path / f"{name}-c", differ={"grad fc2.bias": 4}, **other)
+        first = _diff_json(a, c)["first_divergence"]
+        assert (first["step"], first["state"]["name"]) == (4, "fc2.bias")
+
+
+def test_step_contents_leave_out_only_what_equal_states_may_differ_in(tmp_path: Path) -> None:
+    """The extension's and Python's readings: stats left out, names mapped; a fingerprint, a
+    shape or a name still tells the records apart."""
+    runs = {
+        name: write_state_run(tmp_path / name, steps=[0], **kw)
+        for name, kw in {
+            "a": {},
+            "stats": {"other_stats": True},
+            "grad": {"differ": {"grad fc1.bias": 0}},
+            "names": {"reverse_names": True},
+        }.items()
+    }
+    raws, names = {}, {}
+    for name, path in runs.items():
+        with Run(path) as run:
+            ((_, raws[name]),) = run.rank(0).raw_steps()
+            names[name] = run.rank(0).state_names
+    ids_a = {n: i for i, n in names["a"].items()}
+    rename = [ids_a[names["names"][i]] for i in range(len(names["names"]))]
+    for contents in (step_contents, comparable_entries):
+        assert contents(raws["a"]) == contents(raws["stats"])
+        assert contents(raws["a"]) != contents(raws["grad"])
+        assert contents(raws["a"]) != contents(raws["names"])
+        assert contents(raws["a"]) == contents(raws["names"], rename)
+        assert contents(b"not a record") is None
 
 
 def test_entries_in_one_run_only_are_said_not_compared(tmp_path: Path) -> None:

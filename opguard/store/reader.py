@@ -270,8 +270,20 @@ class RankTrace:
         """Undecoded step records (msgpack bytes) with their step numbers, in step order, from
         step ``start`` up to ``stop`` (exclusive): the bulk read of the step-level diff, which
         compares bytes and decodes only steps whose bytes differ (:meth:`step_state`). Reading
-        ends at a damaged key (see :attr:`damage`). A whole-trace scan unmaps the pages it read
-        every ``STEP_CHUNK`` records, as :meth:`raw_chunks` does, so its memory stays flat."""
+        ends at a damaged key (see :attr:`damage`)."""
+        return self._step_records(start, stop, values=True)
+
+    def step_numbers(self) -> list[int]:
+        """The steps the trace holds step-level records of, in order (keys only)."""
+        return [step for step, _ in self._step_records(0, None, values=False)]
+
+    def _step_records(
+        self, start: int, stop: int | None, *, values: bool
+    ) -> Generator[tuple[int, bytes], None, None]:
+        """(step, record bytes, or b"" without ``values``). A whole-trace scan unmaps the pages
+        it read every ``STEP_CHUNK`` records, as :meth:`raw_chunks` does, so its memory stays
+        flat: a step's record spans overflow pages, which LMDB reads (and the kernel maps with
+        the pages around them) even for its key alone."""
         db = self._dbs.get("steps")
         if db is None or start > schema.MAX_OP_INDEX:
             return
@@ -282,7 +294,12 @@ class RankTrace:
                 cursor = txn.cursor(db=db)
                 if not cursor.set_range(schema.op_key(_clamped(start))):
                     return
-                for count, (key, value) in enumerate(cursor, 1):
+                pairs: Iterator[tuple[bytes, bytes]] = (
+                    cursor.iternext()
+                    if values
+                    else ((key, b"") for key in cursor.iternext(values=False))
+                )
+                for count, (key, value) in enumerate(pairs, 1):
                     step = _op_index(key)
                     if stop is not None and step >= stop:
                         return
@@ -294,20 +311,6 @@ class RankTrace:
         finally:
             if stop is None:
                 advise_pages(mapped_spans(self.path), _MADV_RANDOM)
-
-    def step_numbers(self) -> list[int]:
-        """The steps the trace holds step-level records of, in order (keys only: cheap)."""
-        db = self._dbs.get("steps")
-        steps: list[int] = []
-        if db is None:
-            return steps
-        try:
-            with self._env.begin() as txn:
-                for key in txn.cursor(db=db).iternext(keys=True, values=False):
-                    steps.append(_op_index(key))
-        except (lmdb.Error, DamagedRecord) as exc:
-            self.damage = f"reading stopped at a damaged step record: {exc}"
-        return steps
 
     def step_state(self, step: int) -> StepState | None:
         """The step-level record of step ``step`` (None: the trace holds none);
