@@ -42,7 +42,7 @@ COMPLETE_STATUSES = ("finished", "stopped")  # ``end`` statuses of a run recorde
 # Absent in traces recorded before they existed.
 OPTIONAL_DBS = ("kernels", "captures", "steps", "states")
 CHUNK = 4096  # records per chunk of RankTrace.raw_chunks
-STEP_CHUNK = 64  # step-level records (~5 MB of GPT-2's) read between unmappings (raw_steps)
+STEP_CHUNK = 16  # step-level records (~1.3 MB of GPT-2's) read between unmappings
 
 
 def _unpack(raw: bytes | memoryview) -> Any:
