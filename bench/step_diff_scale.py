@@ -50,7 +50,7 @@ from opguard.store.meta import write_meta
 from opguard.store.states import encode_step
 from opguard.store.writer import TraceWriter
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 LAYERS, WIDTH, VOCAB, CONTEXT = 12, 768, 50257, 1024
 ADAMW_SLOTS = ("exp_avg", "exp_avg_sq", "step")
 HEAD_VALUES = 4  # leading elements kept, as the recorder keeps them
@@ -125,7 +125,7 @@ def _fields(entry: Entry, value: int, other_mean: bool) -> dict[str, Any]:
     if kind == "rng":
         return fields
     count = min(HEAD_VALUES, _numel(shape))
-    values = [((value >> (13 * k)) & 0xFFFF) / 32768 - 1 for k in range(count)]
+    values = [((value >> (16 + 12 * k)) & 0xFFF) / 2048 - 1 for k in range(count)]
     head = struct.pack(f"<{count}f", *values)
     mean = sum(values) / count * (1 + 1e-7 if other_mean else 1)
     stats = [min(values), max(values), mean, max(map(abs, values)), 0, 0]

@@ -114,9 +114,8 @@ class StepComparison:
         parts = []
         for kind, pairs in self.by_kind().items():
             first = pairs[0].entry
-            parts.append(
-                f"{len(pairs)} {kind} (first {' '.join(filter(None, (first.name, first.slot)))})"
-            )
+            which = first.label.removeprefix(kind).strip()  # "" for the loss
+            parts.append(f"{len(pairs)} {kind}" + (f" (first {which})" if which else ""))
         return ", ".join(parts)
 
     def only_text(self) -> str:
@@ -216,8 +215,9 @@ class StateComparison:
         first = self.first
         if first is None:
             return f"{self.compared} steps compared, all equal"
+        cause = "" if first.cause == first.first.label else f"; {first.cause}"
         return (
-            f"first differ at step {first.step} ({first.first.label}; {first.cause}), "
+            f"first differ at step {first.step} ({first.first.label}{cause}), "
             f"{self.compared - 1} steps equal before it"
         )
 
