@@ -165,8 +165,8 @@ def _state_lines(div: StepDivergence) -> list[str]:
     for pair in compared.differing[:TENSORS_SHOWN]:
         shown += [
             f"{pair.label}:",
-            f"  A {tensor_text(pair.a.tensor if pair.a else None)}",
-            f"  B {tensor_text(pair.b.tensor if pair.b else None)}",
+            f"  A {tensor_text(pair.a.tensor)}",
+            f"  B {tensor_text(pair.b.tensor)}",
         ]
     shown.append(f"differing entries of the step: {compared.kinds_text()}")
     lines += _section(

@@ -51,7 +51,7 @@ def read_state_divergence(div: StepDivergence, meta: list[MetaDiff]) -> list[str
     if div.cause == "loss":
         grads = kinds.get("grad")
         findings.append(
-            f"{len(grads)} gradient(s) differ as well, the first {grads[0].entry.name}"
+            f"{len(grads)} gradient(s) differ as well, the first {grads[0].a.name}"
             if grads
             else "every gradient is equal: the difference in the loss did not reach them"
         )
@@ -62,8 +62,7 @@ def read_state_divergence(div: StepDivergence, meta: list[MetaDiff]) -> list[str
             "momentum, weight decay, or the optimizer's state)"
         )
     first = div.first
-    if first.a is not None and first.b is not None:
-        findings += _magnitude([TensorDiff(first.label, first.a.tensor, first.b.tensor)], "state")
+    findings += _magnitude([TensorDiff(first.label, first.a.tensor, first.b.tensor)], "state")
     if div.comparison.only_a or div.comparison.only_b:
         findings.append(f"recorded in one run only: {div.comparison.only_text()}")
     findings.append(f"next: {div.hint}")

@@ -57,33 +57,26 @@ def window_command(step: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class StatePair:
-    """One state entry in both runs (``None`` on a side that did not record it)."""
+    """One state entry as each run recorded it (same kind, name and slot)."""
 
-    a: StateEntry | None
-    b: StateEntry | None
-
-    @property
-    def entry(self) -> StateEntry:
-        entry = self.a or self.b
-        assert entry is not None
-        return entry
+    a: StateEntry
+    b: StateEntry
 
     @property
     def kind(self) -> str:
-        return self.entry.kind
+        return self.a.kind
 
     @property
     def label(self) -> str:
-        return self.entry.label
+        return self.a.label
 
     def to_json(self) -> dict[str, Any]:
-        entry = self.entry
         return {
-            "kind": entry.kind,
-            "name": entry.name,
-            "slot": entry.slot,
-            "a": self.a.tensor.to_json() if self.a else None,
-            "b": self.b.tensor.to_json() if self.b else None,
+            "kind": self.a.kind,
+            "name": self.a.name,
+            "slot": self.a.slot,
+            "a": self.a.tensor.to_json(),
+            "b": self.b.tensor.to_json(),
         }
 
 
@@ -113,8 +106,7 @@ class StepComparison:
         entries of each kind differ, and the first of each."""
         parts = []
         for kind, pairs in self.by_kind().items():
-            first = pairs[0].entry
-            which = first.label.removeprefix(kind).strip()  # "" for the loss
+            which = pairs[0].label.removeprefix(kind).strip()  # "" for the loss
             parts.append(f"{len(pairs)} {kind}" + (f" (first {which})" if which else ""))
         return ", ".join(parts)
 

@@ -172,13 +172,12 @@ def print_state_divergence(div: StepDivergence, result: RunDiff) -> None:
     console.print(f"  {escape(div.meaning)}")
     first = div.first
     console.print(f"  [bold]{escape(first.label)}[/] differs:")
-    console.print(escape(_tensor_line("A", first.a.tensor if first.a else None)))
-    console.print(escape(_tensor_line("B", first.b.tensor if first.b else None)))
+    console.print(escape(_tensor_line("A", first.a.tensor)))
+    console.print(escape(_tensor_line("B", first.b.tensor)))
     console.print(f"  differing in step {div.step}: {escape(div.comparison.kinds_text())}")
     for pair in div.comparison.differing[1:ENTRIES_SHOWN]:
-        a = pair.a.tensor if pair.a else None
-        b = pair.b.tensor if pair.b else None
-        console.print(f"    {escape(pair.label)}: {_values(a)} (A) vs {_values(b)} (B)")
+        a, b = _values(pair.a.tensor), _values(pair.b.tensor)
+        console.print(f"    {escape(pair.label)}: {a} (A) vs {b} (B)")
     if div.comparison.only_a or div.comparison.only_b:
         console.print(
             f"  recorded in one run only (not compared): {escape(div.comparison.only_text())}"
@@ -193,10 +192,8 @@ def print_state_divergence(div: StepDivergence, result: RunDiff) -> None:
     console.print(f"    opguard diff {escape(shlex.join(outputs))}")
 
 
-def _values(t: TensorRecord | None) -> str:
-    """The first values of a tensor, or why there are none."""
-    if t is None:
-        return "(absent)"
+def _values(t: TensorRecord) -> str:
+    """The first values of a tensor, or its fingerprint when none were kept."""
     if not t.head:
         return f"fp {t.fingerprint_text()}"
     return "[" + ", ".join(_num(v) for v in t.values()[:VALUES_SHOWN]) + "]"

@@ -49,23 +49,20 @@ def _table(pairs: tuple[StatePair, ...]) -> Table:
     table.add_column("A", overflow="fold", ratio=3)
     table.add_column("B", overflow="fold", ratio=3)
     for pair in pairs[:ROWS_SHOWN]:
-        a = pair.a.tensor if pair.a else None
-        b = pair.b.tensor if pair.b else None
+        a, b = pair.a.tensor, pair.b.tensor
         table.add_row(pair.label, _tensor(a, b), _tensor(b, a))
     if len(pairs) > ROWS_SHOWN:
         table.add_row(f"… {len(pairs) - ROWS_SHOWN} more", "", "")
     return table
 
 
-def _tensor(t: TensorRecord | None, other: TensorRecord | None = None) -> Text:
+def _tensor(t: TensorRecord, other: TensorRecord) -> Text:
     """Shape, fingerprint, leading values (those that differ from ``other``'s marked) and the
     stats."""
-    if t is None:
-        return Text("(absent)")
     text = Text(f"{t.describe_shape()} fp {t.fingerprint_text()}")
     if t.head:
         mine = t.values()[:VALUES_SHOWN]
-        theirs = other.values()[:VALUES_SHOWN] if other is not None and other.head else mine
+        theirs = other.values()[:VALUES_SHOWN] if other.head else mine
         text.append("\n")
         for k, value in enumerate(mine):
             differs = k >= len(theirs) or theirs[k] != value
