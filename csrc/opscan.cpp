@@ -23,11 +23,14 @@
 #include "opscan.h"
 
 #include <Python.h>
+#include <pybind11/stl.h>
 
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -708,9 +711,74 @@ class OpScanner {
   Record rec_;
 };
 
+// The content of each entry of a step-level record (store/states.py: a map with "e", a list of
+// [kind, name id, slot, tensor entry]) as bytes: kind, name id (through `rename`, B's ids to
+// A's, -1 for a name A lacks), slot, dtype, shape, flags and fingerprint, leaving out what may
+// differ between equal states (stats reduced in another order) or follows from the content
+// (size, leading values). Equal results of two records mean equal states; false: leave the
+// record to Python.
+bool step_contents(const uint8_t* data, size_t size, const std::vector<int64_t>* rename, Entry& e,
+                   std::string& out) {
+  Msg m(data, size);
+  uint32_t n;
+  if (!m.map(n)) return false;
+  bool seen_e = false;
+  for (uint32_t i = 0; i < n; ++i) {
+    const char* name;
+    uint32_t len;
+    if (!m.str(name, len)) return false;
+    if (len != 1 || name[0] != 'e') {
+      if (!m.skip(1)) return false;
+      continue;
+    }
+    uint32_t entries;
+    if (seen_e || !m.array(entries)) return false;
+    seen_e = true;
+    for (uint32_t k = 0; k < entries; ++k) {
+      uint32_t parts;
+      const char *kind, *slot;
+      uint32_t kind_len, slot_len;
+      int64_t id;
+      if (!m.array(parts) || parts != 4 || !m.str(kind, kind_len) || !m.int64(id) ||
+          !m.str(slot, slot_len) || !read_entry(m, true, e)) {
+        return false;
+      }
+      if (rename != nullptr) {
+        id = id >= 0 && static_cast<size_t>(id) < rename->size() ? (*rename)[id] : -1;
+      }
+      put_str(out, kind, kind_len);
+      put_raw64(out, id);
+      put_str(out, slot, slot_len);
+      put_dtype(out, e);
+      put_shape(out, e);
+      put_raw64(out, e.flags);
+      if (e.has_hash) {
+        put_int(out, e.hash);
+      } else {
+        put_byte(out, 0xc0);
+      }
+    }
+  }
+  return seen_e && m.done();
+}
+
+py::object step_contents_of(const py::bytes& raw,
+                            const std::optional<std::vector<int64_t>>& rename) {
+  const std::string_view view = raw;
+  Entry e;
+  std::string out;
+  if (!step_contents(reinterpret_cast<const uint8_t*>(view.data()), view.size(),
+                     rename ? &*rename : nullptr, e, out)) {
+    return py::none();
+  }
+  return py::bytes(out);
+}
+
 }  // namespace
 
 void bind_opscan(py::module_& m) {
+  m.def("step_contents", &step_contents_of, py::arg("raw"), py::arg("rename") = py::none(),
+        "The content of a stored step-level record's entries as bytes (None: left to Python).");
   py::class_<OpScanner>(m, "OpScanner",
                         "Reads what alignment needs from stored op records (one per trace).")
       .def(py::init<>())

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis import Divergence, Link, RankDiff, RunDiff, TensorDiff
-from ..analysis.contract import divergence_json, op_ref, rank_json
+from ..analysis.contract import divergence_json, op_ref, rank_json, state_divergence_json
+from ..analysis.state_diff import StepDivergence
 from ..analysis.steps import describe_runs
 from ..store import OpRecord, RankTrace, Run
 from .describe import (
@@ -33,7 +34,7 @@ from .describe import (
 )
 from .llm import count_tokens
 from .metadata import differing_metadata
-from .reading import read_divergence
+from .reading import read_divergence, read_state_divergence
 from .tokens import estimate_tokens
 
 SCHEMA = "opguard.evidence/1"
@@ -74,13 +75,18 @@ def build_evidence(
     """The bundle of ``result``; its tokens are counted for ``model`` by LiteLLM, or without a
     model estimated (as LiteLLM would count them for COUNT_MODEL) and LiteLLM left unimported."""
     div = result.first
+    state = result.state_first if div is None else None  # no op-level divergence to show
     meta = differing_metadata(result.meta_a, result.meta_b)
-    reading = read_divergence(div, meta)
+    reading = (
+        read_state_divergence(state, meta) if state is not None else read_divergence(div, meta)
+    )
     lines = [
         f"OpGuard evidence; run A: {Path(result.path_a).name}, run B: {Path(result.path_b).name}"
     ]
     unaligned: tuple[list[OpRecord], list[OpRecord]] = ([], [])
-    if div is None:
+    if state is not None:
+        lines += _state_lines(state)
+    elif div is None:
         lines.append(f"verdict: identical ({len(result.ranks)} rank(s) compared)")
     else:
         traces = (run_a.rank(div.rank), run_b.rank(div.rank))
@@ -95,7 +101,11 @@ def build_evidence(
         "schema": SCHEMA,
         "verdict": result.verdict,
         "runs": {"a": result.path_a, "b": result.path_b},
-        "first_divergence": divergence_json(div) if div else None,
+        "first_divergence": divergence_json(div)
+        if div
+        else state_divergence_json(state)
+        if state
+        else None,
         "kernels": _kernels_json(div) if div else {},
         "unaligned_near": {
             "a": [op_ref(op) for op in unaligned[0]],
@@ -138,6 +148,32 @@ def _divergence_lines(
     lines += _section(
         f"ops in one run only, step {div.step} (first few)", _unaligned_lines(unaligned)
     )
+    return lines
+
+
+def _state_lines(div: StepDivergence) -> list[str]:
+    """The first step whose state differs: the verdict, the entries that differ first with
+    both runs' values, how many of each kind, and those recorded in one run only."""
+    compared = div.comparison
+    lines = [
+        f"verdict: diverged at rank {div.rank}, step {div.step}; kind {div.kind}, cause "
+        f"{div.cause} (from the step-level records: no op of that step was compared)",
+        f"summary: {div.summary}",
+        f"hint: {div.hint}",
+    ]
+    shown = []
+    for pair in compared.differing[:TENSORS_SHOWN]:
+        shown += [
+            f"{pair.label}:",
+            f"  A {tensor_text(pair.a.tensor)}",
+            f"  B {tensor_text(pair.b.tensor)}",
+        ]
+    shown.append(f"differing entries of the step: {compared.kinds_text()}")
+    lines += _section(
+        f"what differs at the end of step {div.step} (in the order the step computed it)", shown
+    )
+    if compared.only_a or compared.only_b:
+        lines += _section(f"recorded in one run only, step {div.step}", [compared.only_text()])
     return lines
 
 
@@ -274,10 +310,16 @@ def _alignment_lines(ranks: list[RankDiff], first: Divergence | None) -> Iterato
     divergent rank leads), so a large job does not grow the bundle."""
     ordered = sorted(ranks, key=lambda r: (first is None or r.rank != first.rank, r.rank))
     for r in ordered[:RANKS_SHOWN]:
-        yield (
-            f"rank {r.rank}: {r.aligned} aligned, {r.only_a} only in A, {r.only_b} only in B, "
-            f"{r.differing} aligned pairs differ; {describe_runs(r.count_a, r.count_b)}"
-        )
+        counts = describe_runs(r.count_a, r.count_b)
+        if r.ops_compared:
+            yield (
+                f"rank {r.rank}: {r.aligned} aligned, {r.only_a} only in A, {r.only_b} only in "
+                f"B, {r.differing} aligned pairs differ; {counts}"
+            )
+        else:
+            yield f"rank {r.rank}: compared by step-level records only; {counts}"
+        if r.states is not None:
+            yield f"rank {r.rank} step-level records: {r.states.describe()}"
         yield from (f"note: {n}" for n in r.notes[:NOTES_SHOWN])
     rest = ordered[RANKS_SHOWN:]
     if rest:

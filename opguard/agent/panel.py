@@ -137,7 +137,7 @@ class AgentChat(Vertical):
             reading = "\n".join(f"- {line}" for line in session.reading)
             why = (
                 "The runs are identical: nothing to explain."
-                if session.result.first is None
+                if not session.result.diverged
                 else HOW_TO_ENABLE
             )
             status.update(f"Agent: offline reading (evidence: {evidence.size()})")

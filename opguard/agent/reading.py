@@ -13,6 +13,7 @@ from collections.abc import Callable
 from ..analysis import Divergence, TensorDiff
 from ..analysis.causes import ENVIRONMENT, STREAM_RACE
 from ..analysis.gpu_work import kernel_names
+from ..analysis.state_diff import StepDivergence
 from .describe import number, op_line, value_text
 from .metadata import MetaDiff
 
@@ -32,15 +33,45 @@ def read_divergence(div: Divergence | None, meta: list[MetaDiff]) -> list[str]:
     if div.hint:
         findings.append(f"hint: {div.hint}")
     findings += _magnitude(div.outputs)
-    environmental = [m for m in meta if m.environmental]
-    if environmental and not any(c.kind == ENVIRONMENT for c in div.likely_causes):
+    if not any(c.kind == ENVIRONMENT for c in div.likely_causes):
         lead = (
             "equal inputs yet different outputs, and the runs ran in different environments"
             if div.cause == "origin"
             else "the runs also ran in different environments"
         )
-        findings.append(f"{lead}: " + "; ".join(m.text() for m in environmental))
+        findings += _environment(meta, lead)
     return findings
+
+
+def read_state_divergence(div: StepDivergence, meta: list[MetaDiff]) -> list[str]:
+    """Findings about the first step whose state differs (step-level records: no op was
+    recorded there), most telling first: which part of the step, what differs, what next."""
+    kinds = div.comparison.by_kind()
+    findings = [div.meaning]
+    if div.cause == "loss":
+        grads = kinds.get("grad")
+        findings.append(
+            f"{len(grads)} gradient(s) differ as well, the first {grads[0].a.name}"
+            if grads
+            else "every gradient is equal: the difference in the loss did not reach them"
+        )
+    elif div.cause == "optimizer":
+        findings.append(
+            "the loss and every gradient recorded in both runs are equal, so the forward and "
+            "backward computed the same: the update differs (learning rate, its schedule, "
+            "momentum, weight decay, or the optimizer's state)"
+        )
+    first = div.first
+    findings += _magnitude([TensorDiff(first.label, first.a.tensor, first.b.tensor)], "state")
+    if div.comparison.only_a or div.comparison.only_b:
+        findings.append(f"recorded in one run only: {div.comparison.only_text()}")
+    findings.append(f"next: {div.hint}")
+    return findings + _environment(meta, "the runs also ran in different environments")
+
+
+def _environment(meta: list[MetaDiff], lead: str) -> list[str]:
+    environmental = [m for m in meta if m.environmental]
+    return [f"{lead}: " + "; ".join(m.text() for m in environmental)] if environmental else []
 
 
 def _arguments(div: Divergence) -> list[str]:
@@ -158,8 +189,9 @@ CAUSES: dict[str, Callable[[Divergence], list[str]]] = {
 }
 
 
-def _magnitude(outputs: list[TensorDiff]) -> list[str]:
-    """How far apart the first differing output is: rounding-level or real, NaN or Inf."""
+def _magnitude(outputs: list[TensorDiff], what: str = "output") -> list[str]:
+    """How far apart the first differing output (or ``what``) is: rounding-level or real,
+    NaN or Inf."""
     if not outputs or outputs[0].a is None or outputs[0].b is None:
         return []
     d = outputs[0]
@@ -170,7 +202,7 @@ def _magnitude(outputs: list[TensorDiff]) -> list[str]:
         if bool(counts[0]) != bool(counts[1]):
             run = "A" if counts[0] else "B"
             found.append(
-                f"{name} appears in run {run}'s output `{d.slot}` ({max(counts)} values), not in the other's"
+                f"{name} appears in run {run}'s {what} `{d.slot}` ({max(counts)} values), not in the other's"
             )
     eps = EPSILON.get(d.a.dtype)
     pairs = [
@@ -183,15 +215,15 @@ def _magnitude(outputs: list[TensorDiff]) -> list[str]:
     worst = max(abs(x - y) / max(abs(x), abs(y), 1e-30) for x, y in pairs)
     if worst == 0:
         found.append(
-            f"output `{d.slot}`: the leading values are equal; the difference lies further in"
+            f"{what} `{d.slot}`: the leading values are equal; the difference lies further in"
         )
     elif worst <= ROUNDING_ULPS * eps:
         found.append(
-            f"output `{d.slot}` differs at rounding level (relative {number(worst)} in the leading "
+            f"{what} `{d.slot}` differs at rounding level (relative {number(worst)} in the leading "
             "values): a change in the order or precision of arithmetic, not in the math"
         )
     else:
         found.append(
-            f"output `{d.slot}` differs by up to {number(worst)} (relative) in the leading values"
+            f"{what} `{d.slot}` differs by up to {number(worst)} (relative) in the leading values"
         )
     return found

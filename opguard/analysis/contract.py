@@ -13,6 +13,7 @@ from .compilation import compile_modes
 from .diff import RankDiff, RunDiff
 from .divergence import Divergence, TensorDiff
 from .nonfinite import Nonfinite, nonfinite_tensors
+from .state_diff import ENTRIES_SHOWN, StateComparison, StepDivergence
 
 SCHEMA = "opguard.diff/1"
 
@@ -75,6 +76,98 @@ def divergence_json(div: Divergence) -> dict[str, Any]:
     }
 
 
+def state_divergence_json(div: StepDivergence) -> dict[str, Any]:
+    """A step-level divergence under the keys of an op-level one (no op: ``a``, ``b`` and
+    ``observed`` are null), with the state entry that differs first under ``state``, the
+    step's other differing entries (``states_differ``) and those in one run only."""
+    compared = div.comparison
+    by_kind = compared.by_kind()
+    return {
+        "rank": div.rank,
+        "step": div.step,
+        "kind": div.kind,
+        "a": None,
+        "b": None,
+        "cause": div.cause,
+        "summary": div.summary,
+        "hint": div.hint,
+        "likely_causes": [],
+        "observed": None,
+        "outputs_differ": [],
+        "inputs_differ": [],
+        "arguments_differ": [],
+        "rng_state_differs": "rng" in by_kind,
+        "kernels": {"a": [], "b": []},
+        "kernels_differ": False,
+        "stream_race": None,
+        "unrecorded_writes": [],
+        "chain": [],
+        "known_difference": None,
+        "state": div.first.to_json(),
+        "states_differ": {
+            "count": len(compared.differing),
+            "by_kind": {
+                kind: {"count": len(pairs), "first": pairs[0].label}
+                for kind, pairs in by_kind.items()
+            },
+            "first": [pair.to_json() for pair in compared.differing[:ENTRIES_SHOWN]],
+        },
+        "states_only_in": {
+            "a": [entry.label for entry in compared.only_a[:ENTRIES_SHOWN]],
+            "b": [entry.label for entry in compared.only_b[:ENTRIES_SHOWN]],
+            "count_a": len(compared.only_a),
+            "count_b": len(compared.only_b),
+        },
+    }
+
+
+def first_divergence_json(result: RunDiff) -> dict[str, Any] | None:
+    """The op-level first divergence; where there is none, the first step whose state
+    differs (step-level records); else None."""
+    first = result.first
+    if first is not None:
+        return {**divergence_json(first), "known_difference": result.known_difference or None}
+    state = result.state_first
+    return state_divergence_json(state) if state is not None else None
+
+
+def _states_json(states: StateComparison | None) -> dict[str, Any] | None:
+    """A rank's step-level records compared (None: a run holds none)."""
+    if states is None:
+        return None
+    first = states.first
+    return {
+        "records_a": states.records_a,
+        "records_b": states.records_b,
+        "compared": states.compared,
+        "first_differing_step": first.step if first else None,
+        "cause": first.cause if first else None,
+        "entry": first.first.label if first else None,
+        "steps_only_in_a": states.only_in_a,
+        "steps_only_in_b": states.only_in_b,
+    }
+
+
+def step_level_json(result: RunDiff) -> dict[str, Any] | None:
+    """The step-level records' verdict beside the op-level one: the first step whose state
+    differs, and whether it did already when the op records began (a window)."""
+    if all(r.states is None for r in result.ranks):
+        return None
+    first = result.state_first
+    starts = [r.steps[0].step for r in result.ranks if r.steps]
+    start = min(starts) if starts else None
+    return {
+        "first_differing_step": first.step if first else None,
+        "rank": first.rank if first else None,
+        "cause": first.cause if first else None,
+        "entry": first.first.label if first else None,
+        "window_start": start,
+        "differed_before_window": None
+        if start is None
+        else first is not None and first.step < start,
+    }
+
+
 def _role_json(r: RankDiff) -> dict[str, Any]:
     """The rank's part in the divergence and where its own first divergence is (the top-level
     ``first_divergence`` is an origin's: these say what every other rank saw)."""
@@ -124,6 +217,8 @@ def rank_json(r: RankDiff) -> dict[str, Any]:
         "absorbed_count": r.absorbed_count,
         "notes": r.notes,
         **_role_json(r),
+        "level": "op" if r.ops_compared else "step",
+        "step_level": _states_json(r.states),
     }
 
 
@@ -151,14 +246,10 @@ def nonfinite_json(n: Nonfinite) -> dict[str, Any]:
 
 
 def to_json(result: RunDiff) -> dict[str, Any]:
-    first = result.first
-    divergence = divergence_json(first) if first is not None else None
-    if divergence is not None:
-        divergence["known_difference"] = result.known_difference or None
     return {
         "schema": SCHEMA,
         "verdict": result.verdict,
-        "first_divergence": divergence,
+        "first_divergence": first_divergence_json(result),
         "aligned": sum(r.aligned for r in result.ranks),
         "unaligned_a": sum(r.only_a for r in result.ranks),
         "unaligned_b": sum(r.only_b for r in result.ranks),
@@ -179,4 +270,5 @@ def to_json(result: RunDiff) -> dict[str, Any]:
         }
         if all(r.nonfinite_scanned for r in result.ranks)
         else None,
+        "step_level": step_level_json(result),
     }

@@ -27,7 +27,8 @@ from .myers import Run as MatchRun
 from .nonfinite import Nonfinite, NonfiniteWatch, resolve, same_in_both
 from .reach import ABSORBED_SHOWN, Absorbed, Reach
 from .roles import ORIGIN, Role, role_of
-from .steps import StepCount, count_steps
+from .state_diff import StateComparison, StepDivergence, compare_states, window_command
+from .steps import StepCount, add_to_ranges, count_steps, range_text
 
 UNALIGNED_EXAMPLES = 5
 STEP_CACHE = 4
@@ -72,6 +73,19 @@ class RankDiff:
     nonfinite_b: Nonfinite | None = None
     nonfinite_scanned: bool = False  # False with --step: only part of the runs was read
     nonfinite_same: bool = False  # both runs met the same NaN/Inf values (nonfinite.same_in_both)
+    # The step-level records compared (None: a run holds none); ``ops_compared`` False: a
+    # run holds step-level records only, which alone gave the verdict.
+    states: StateComparison | None = None
+    ops_compared: bool = True
+
+    @property
+    def state_first(self) -> StepDivergence | None:
+        """The first step whose state differs, from the step-level records."""
+        return self.states.first if self.states is not None else None
+
+    @property
+    def diverged(self) -> bool:
+        return self.first is not None or self.state_first is not None
 
     @property
     def steps_a(self) -> int:
@@ -182,6 +196,74 @@ class _StepAlignments:
 
 
 def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None) -> RankDiff:
+    """One rank of both runs: op by op where both recorded ops, step by step where either run
+    recorded step-level records only; the step-level records, where both runs hold them, are
+    compared as well (the first differing step, and whether the state already differed when
+    the op records began)."""
+    if by_steps_only(trace_a, trace_b):
+        result = _diff_steps_only(trace_a, trace_b, step)
+    else:
+        result = _diff_ops(trace_a, trace_b, step)
+        if trace_a.has_steps and trace_b.has_steps:
+            result.states = compare_states(trace_a, trace_b, step=step)
+            result.notes.extend(result.states.notes)
+            result.notes.extend(_before_the_ops(result))
+    return result
+
+
+def by_steps_only(trace_a: RankTrace, trace_b: RankTrace) -> bool:
+    """Whether a rank is compared by its step-level records alone: a run recorded no ops
+    (``--steps-only``) and step-level records exist."""
+    with_ops = len(trace_a) > 0 and len(trace_b) > 0
+    return not with_ops and (trace_a.has_steps or trace_b.has_steps)
+
+
+def _diff_steps_only(trace_a: RankTrace, trace_b: RankTrace, step: int | None) -> RankDiff:
+    """A rank where a run recorded no ops (``--steps-only``): its step-level records alone."""
+    traces = (("A", trace_a), ("B", trace_b))
+    for (name, trace), (other, _) in zip(traces, traces[::-1], strict=True):
+        if not trace.has_steps:
+            raise TraceError(
+                f"rank {trace.rank}: run {name} holds no step-level records and run {other} no "
+                "op records: nothing to compare (record both runs the same way)"
+            )
+    result = RankDiff(rank=trace_a.rank, ops_compared=False)
+    result.count_a, result.count_b = count_steps(trace_a), count_steps(trace_b)
+    result.notes.extend(_trace_notes(trace_a, trace_b))
+    result.states = compare_states(trace_a, trace_b, step=step)
+    result.notes.extend(result.states.notes)
+    with_ops = [name for name, trace in traces if len(trace)]
+    if with_ops:
+        result.notes.append(
+            f"run {with_ops[0]} holds op records, the other run step-level records only: "
+            "compared step by step"
+        )
+    return result
+
+
+def _before_the_ops(result: RankDiff) -> list[str]:
+    """Says when the step-level records differ before the op-level records do: when the op
+    records began (a window, the last steps of a flight recorder), or before the first
+    op-level difference."""
+    first = result.state_first
+    if first is None:
+        return []
+    where = f"first at step {first.step} ({first.first.label})"
+    start = result.steps[0].step if result.steps else None
+    if start is not None and first.step < start:
+        return [
+            f"the state already differed when the op-level records began (step {start}): "
+            f"{where}; record that step op by op: {window_command(first.step)}"
+        ]
+    if result.first is not None and first.step < result.first.step:
+        return [
+            f"the step-level records differ before the first op-level difference (step "
+            f"{result.first.step}): {where}"
+        ]
+    return []
+
+
+def _diff_ops(trace_a: RankTrace, trace_b: RankTrace, step: int | None) -> RankDiff:
     table = KeyTable()
     # NaN/Inf origins come with the same scan; with --step the scan covers part of the runs.
     watches = (NonfiniteWatch(), NonfiniteWatch()) if step is None else (None, None)
@@ -194,10 +276,11 @@ def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None
     steps_a, steps_b = _steps(reader_a, step), _steps(reader_b, step)
     next_a, next_b = next(steps_a, None), next(steps_b, None)
     compared = 0
+    only: dict[str, list[list[int]]] = {"A": [], "B": []}  # steps with ops in one run only
     while next_a is not None and next_b is not None:
         (sa, ops_a), (sb, ops_b) = next_a, next_b
         if sa != sb:  # a step that has no ops on the other side
-            result.notes.append(f"step {min(sa, sb)} exists only in run {'A' if sa < sb else 'B'}")
+            add_to_ranges(only["A" if sa < sb else "B"], min(sa, sb))
             if sa < sb:
                 next_a = next(steps_a, None)
             else:
@@ -216,6 +299,11 @@ def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None
             cut_a=last_of_b and not trace_b.finished,
             cut_b=last_of_a and not trace_a.finished,
         )
+    result.notes.extend(
+        f"{range_text(first, last)} {'exists' if first == last else 'exist'} only in run {run}"
+        for run, ranges in only.items()
+        for first, last in ranges
+    )
     counts = (("A", result.count_a, next_a, steps_a), ("B", result.count_b, next_b, steps_b))
     for (name, mine, rest, remaining), (other, theirs, _, _) in (counts, counts[::-1]):
         if rest is None:
@@ -243,20 +331,29 @@ def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None
     if result.absorbed_count > len(result.absorbed):
         more = result.absorbed_count - len(result.absorbed)
         result.notes.append(f"absorbed: {more} more difference(s) that no reader saw")
+    result.notes.extend(_trace_notes(trace_a, trace_b))
+    return result
+
+
+def _trace_notes(trace_a: RankTrace, trace_b: RankTrace) -> list[str]:
+    """How each run's recording ended, and where reading it stopped, when that limits what
+    was compared."""
+    notes = []
     for name, trace in (("A", trace_a), ("B", trace_b)):
         if not trace.finished:
-            result.notes.append(
+            notes.append(
                 f"run {name} did not finish (killed, crashed or still recording): "
-                f"compared up to its last recorded op"
+                f"compared up to its last recorded "
+                f"{'step' if not len(trace) and trace.has_steps else 'op'}"
             )
         if trace.failure:
-            result.notes.append(
+            notes.append(
                 f"run {name}: recording stopped at op {trace.failure['at_op']}: "
                 f"{trace.failure['error']}"
             )
         if trace.damage:
-            result.notes.append(f"run {name}: {trace.damage}")
-    return result
+            notes.append(f"run {name}: {trace.damage}")
+    return notes
 
 
 def _compare_step(
@@ -387,8 +484,20 @@ class RunDiff:
         return role is not None and role.role == ORIGIN
 
     @property
+    def state_first(self) -> StepDivergence | None:
+        """The earliest (step, then rank) step whose state differs, from the step-level records
+        (the verdict where a run holds step-level records only)."""
+        found = [r.state_first for r in self.ranks if r.state_first is not None]
+        return min(found, key=lambda d: (d.step, d.rank)) if found else None
+
+    @property
+    def diverged(self) -> bool:
+        """Whether the runs differ: an op-level divergence, or a step whose state differs."""
+        return self.first is not None or self.state_first is not None
+
+    @property
     def verdict(self) -> str:
-        return "diverged" if self.first is not None else "identical"
+        return "diverged" if self.diverged else "identical"
 
     @property
     def known_difference(self) -> str:
@@ -410,7 +519,7 @@ def diff_runs(
         results = [diff_rank(run_a.rank(ranks[0]), run_b.rank(ranks[0]), step=step)]
     else:
         results = _diff_in_parallel(str(run_a.path), str(run_b.path), ranks, step)
-    if step is not None and not any(summary.step == step for r in results for summary in r.steps):
+    if step is not None and not any(_compared(r, step) for r in results):
         # Nothing compared is not "identical": say which run lacks the step.
         has = [
             name
@@ -457,7 +566,15 @@ def _diff_rank_of(path_a: str, path_b: str, rank: int, step: int | None) -> Rank
         return diff_rank(run_a.rank(rank), run_b.rank(rank), step=step)
 
 
+def _compared(result: RankDiff, step: int) -> bool:
+    """Whether step ``step`` of the rank was compared, op by op or by its step-level records."""
+    compared_states = result.states is not None and result.states.compared > 0
+    return compared_states or any(summary.step == step for summary in result.steps)
+
+
 def _has_step(trace: RankTrace, step: int) -> bool:
+    if trace.step_state(step) is not None:
+        return True
     for raw in trace.raw_ops():  # steps only grow along a trace
         if raw.get("s", 0) >= step:
             return bool(raw.get("s", 0) == step)

@@ -141,12 +141,14 @@ def differing_tensors(a: tuple[TensorRecord, ...], b: tuple[TensorRecord, ...]) 
     diffs = []
     for slot in [*sa, *(s for s in sb if s not in sa)]:
         ta, tb = sa.get(slot), sb.get(slot)
-        if ta is None or tb is None or _content(ta) != _content(tb):
+        if ta is None or tb is None or content_of(ta) != content_of(tb):
             diffs.append(TensorDiff(slot, ta, tb))
     return diffs
 
 
-def _content(t: TensorRecord) -> tuple[Any, ...]:
+def content_of(t: TensorRecord) -> tuple[Any, ...]:
+    """What two tensor entries must share to count as equal: their content key, or, where no
+    fingerprint was read, their dtype and shape (an unread tensor is not a difference)."""
     key = t.content_key()
     return key if key is not None else ("unknown", t.dtype, t.shape)
 
@@ -302,7 +304,7 @@ class Explainer:
                     and out_b is not None
                     and not (out_a.is_view or out_b.is_view)
                     and out_a.content_key() is not None  # unknown: a receive still in flight
-                    and _content(out_a) == _content(out_b)
+                    and content_of(out_a) == content_of(out_b)
                 ):
                     div.cause = "unrecorded-write"  # equal when written, different when read
                     div.windows = [
@@ -437,7 +439,7 @@ def _write_window(
         for t in op.inputs:
             if t.producer != produced or t.content_key() is None:
                 continue
-            if _content(t) != _content(written):
+            if content_of(t) != content_of(written):
                 kernels, total = trace.unclaimed_between(after, op.index, MAX_WINDOW_KERNELS)
                 return WriteWindow(run, produced[0], after, op.index, tuple(kernels), total)
             after = op.index

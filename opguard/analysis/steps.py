@@ -49,22 +49,44 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+def add_to_ranges(ranges: list[list[int]], step: int) -> None:
+    """Adds ``step`` (at least the last one added) to ``ranges``, ``[first, last]`` pairs."""
+    if ranges and ranges[-1][1] >= step - 1:
+        ranges[-1][1] = step
+    else:
+        ranges.append([step, step])
+
+
+def range_text(first: int, last: int) -> str:
+    """``step 4`` or ``steps 0-3``."""
+    return f"step {first}" if first == last else f"steps {first}-{last}"
+
+
 def count_steps(trace: RankTrace, ops_per_step: Mapping[int, int] | None = None) -> StepCount:
     """The steps ``trace`` holds. ``ops_per_step``: its ops counted by step number, when the
     caller has read them all anyway (``opguard show``, the TUI's step index); without it, the
     last op and a bisection find what is needed in a few reads (the diff)."""
+    recorded = _steps_recorded(trace)
     if ops_per_step is not None:
         if not ops_per_step:
-            return StepCount()
-        steps = _steps_held(trace, max(ops_per_step))
+            return StepCount(recorded)
+        steps = max(_steps_held(trace, max(ops_per_step)), recorded)
         return StepCount(steps, sum(n for step, n in ops_per_step.items() if step >= steps))
     last = trace.last_op()
     if last is None:
-        return StepCount()
+        return StepCount(recorded)
     last_index, last_step = last
-    steps = _steps_held(trace, last_step)
+    steps = max(_steps_held(trace, last_step), recorded)
     end = last_index + 1
     return StepCount(steps, end - _first_at_step(trace, steps, end))
+
+
+def _steps_recorded(trace: RankTrace) -> int:
+    """The steps a trace's step-level records say were taken: a record is written as a step
+    ends, so the last one's number + 1 (0 without any). Op records may stop earlier (a
+    window, ``--steps-only``)."""
+    numbers = trace.step_numbers()
+    return numbers[-1] + 1 if numbers else 0
 
 
 def _steps_held(trace: RankTrace, last_step: int) -> int:

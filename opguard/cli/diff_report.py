@@ -3,6 +3,7 @@ source line, what differs and how (values and raw bits), and the alignment summa
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from rich.markup import escape
@@ -11,6 +12,7 @@ from ..analysis import Divergence, RankDiff, RunDiff, TensorDiff
 from ..analysis.causes import STREAM_RACE
 from ..analysis.compilation import mode_note
 from ..analysis.nonfinite import Nonfinite, nonfinite_tensors
+from ..analysis.state_diff import ENTRIES_SHOWN, StepDivergence, window_command
 from ..analysis.steps import describe_runs
 from ..store import CallSite, OpRecord, TensorRecord
 from .render import console
@@ -134,20 +136,79 @@ def print_diff(result: RunDiff) -> None:
         console.print(f"  note: {escape(note)}")
     if result.first is not None:
         print_divergence(result.first, result.known_difference)
+    elif result.state_first is not None:
+        print_state_divergence(result.state_first, result)
     if len(result.ranks) > 1 and result.first is not None:
         _print_roles(result)
     _print_nonfinite_section(result.ranks)
     console.print("\n[bold]Alignment[/]")
     for r in result.ranks:
-        console.print(
-            f"  rank {r.rank}: {r.aligned} aligned, {r.only_a} only in A, "
-            f"{r.only_b} only in B, {r.differing} aligned ops differ; "
-            f"{describe_runs(r.count_a, r.count_b)}"
-        )
+        if r.ops_compared:
+            console.print(
+                f"  rank {r.rank}: {r.aligned} aligned, {r.only_a} only in A, "
+                f"{r.only_b} only in B, {r.differing} aligned ops differ; "
+                f"{describe_runs(r.count_a, r.count_b)}"
+            )
+        else:
+            console.print(
+                f"  rank {r.rank}: step-level records; {describe_runs(r.count_a, r.count_b)}"
+            )
+        if r.states is not None:
+            console.print(f"    step-level records: {escape(r.states.describe())}")
         for note in r.notes:
             console.print(f"    note: {escape(note)}")
     for note in result.uncompared:
         console.print(f"  note: {escape(note)}")
+
+
+def print_state_divergence(div: StepDivergence, result: RunDiff) -> None:
+    """The first step whose state differs: the entry that differs first in the order the
+    step computed them, both runs' values, what that means, the step's other differing
+    entries, and how to see that step op by op."""
+    console.print(
+        f"\n[bold]First differing step[/] — rank {div.rank}, step {div.step}, "
+        f"kind: [bold]{div.kind}[/] ({div.cause})"
+    )
+    console.print(f"  {escape(div.meaning)}")
+    first = div.first
+    console.print(f"  [bold]{escape(first.label)}[/] differs:")
+    console.print(escape(_tensor_line("A", first.a.tensor)))
+    console.print(escape(_tensor_line("B", first.b.tensor)))
+    console.print(f"  differing in step {div.step}: {escape(div.comparison.kinds_text())}")
+    for pair in div.comparison.differing[1:ENTRIES_SHOWN]:
+        a, b = _values(pair.a.tensor), _values(pair.b.tensor)
+        console.print(f"    {escape(pair.label)}: {a} (A) vs {b} (B)")
+    if div.comparison.only_a or div.comparison.only_b:
+        console.print(
+            f"  recorded in one run only (not compared): {escape(div.comparison.only_text())}"
+        )
+    console.print(f"\n  Next: see step {div.step} op by op, each run recorded again as it was:")
+    outputs = [f"{path.rstrip('/')}-step{div.step}" for path in (result.path_a, result.path_b)]
+    for path, meta, output in zip(
+        (result.path_a, result.path_b), (result.meta_a, result.meta_b), outputs, strict=True
+    ):
+        record = f"{window_command(div.step)} -o {shlex.quote(output)} {_target(meta, path)}"
+        console.print(f"    {escape(record)}")
+    console.print(f"    opguard diff {escape(shlex.join(outputs))}")
+
+
+def _values(t: TensorRecord) -> str:
+    """The first values of a tensor, or its fingerprint when none were kept."""
+    if not t.head:
+        return f"fp {t.fingerprint_text()}"
+    return "[" + ", ".join(_num(v) for v in t.values()[:VALUES_SHOWN]) + "]"
+
+
+def _target(meta: dict[str, Any], path: str) -> str:
+    """What ``opguard record`` ran for a run (``-- train.py ARGS``), or a placeholder for a
+    run recorded from code."""
+    from .commands.base import CommandError
+    from .commands.capture import target_of
+
+    try:
+        return shlex.join(target_of(meta, path))
+    except CommandError:
+        return "-- SCRIPT ARGS"
 
 
 def _counts_text(tensors: list[tuple[str, int, int]]) -> str:

@@ -44,6 +44,9 @@ P_INVALID = (1 << 64) - 1
 # pages at a time before the level below them: together they bound the check's memory.
 WINDOW_BYTES = 1 << 21
 LEVEL_BATCH = 1 << 16
+# A read fault maps the pages around it that are in the page cache, up to this many bytes
+# (Linux's fault-around): releasing what was read releases this much around it too.
+FAULT_AROUND = 1 << 16
 _DONTNEED: int | None = getattr(mmap, "MADV_DONTNEED", None)  # None: no madvise here
 
 # Page flags.
@@ -311,9 +314,14 @@ class _Walker:
                 f"database {name}: page {nodes.pgno(int(bad.argmax()), self.psize)} "
                 "has a damaged node"
             )
-        firsts = _gather(nodes.data, nodes.value[big], _PGNO_ARRAY)
-        for first_page, size in zip(firsts.tolist(), nodes.size[big].tolist(), strict=True):
+        firsts = _gather(nodes.data, nodes.value[big], _PGNO_ARRAY).astype(np.int64)
+        sizes = nodes.size[big]
+        for first_page, size in zip(firsts.tolist(), sizes.tolist(), strict=True):
             self._overflow(first_page, size, name)
+        if firsts.size:  # read one header each, but the kernel mapped the pages around it
+            start = int(firsts.min()) * self.psize - FAULT_AROUND
+            end = int((firsts * self.psize + PAGE_HEADER + sizes).max()) + FAULT_AROUND
+            self._release(max(start, 0), end - max(start, 0))
         return int(nodes.size.size)
 
     def _overflow(self, pgno: int, dsize: int, name: str) -> None:

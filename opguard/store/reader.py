@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from functools import cached_property
 from itertools import islice
 from operator import itemgetter
@@ -42,6 +42,7 @@ COMPLETE_STATUSES = ("finished", "stopped")  # ``end`` statuses of a run recorde
 # Absent in traces recorded before they existed.
 OPTIONAL_DBS = ("kernels", "captures", "steps", "states")
 CHUNK = 4096  # records per chunk of RankTrace.raw_chunks
+STEP_CHUNK = 16  # step-level records (~1.3 MB of GPT-2's) read between unmappings
 
 
 def _unpack(raw: bytes | memoryview) -> Any:
@@ -262,6 +263,67 @@ class RankTrace:
                     yield decode_step(_unpack(value), names)
         except (lmdb.Error, DamagedRecord) as exc:
             self.damage = f"reading stopped at a damaged step record: {exc}"
+
+    def raw_steps(
+        self, start: int = 0, stop: int | None = None
+    ) -> Generator[tuple[int, bytes], None, None]:
+        """Undecoded step records (msgpack bytes) with their step numbers, in step order, from
+        step ``start`` up to ``stop`` (exclusive): the bulk read of the step-level diff, which
+        compares bytes and decodes only steps whose bytes differ (:meth:`step_state`). Reading
+        ends at a damaged key (see :attr:`damage`)."""
+        return self._step_records(start, stop, values=True)
+
+    def step_numbers(self) -> list[int]:
+        """The steps the trace holds step-level records of, in order (keys only)."""
+        return [step for step, _ in self._step_records(0, None, values=False)]
+
+    def _step_records(
+        self, start: int, stop: int | None, *, values: bool
+    ) -> Generator[tuple[int, bytes], None, None]:
+        """(step, record bytes, or b"" without ``values``). A whole-trace scan unmaps the pages
+        it read every ``STEP_CHUNK`` records, as :meth:`raw_chunks` does, so its memory stays
+        flat: a step's record spans overflow pages, which LMDB reads (and the kernel maps with
+        the pages around them) even for its key alone."""
+        db = self._dbs.get("steps")
+        if db is None or start > schema.MAX_OP_INDEX:
+            return
+        spans = mapped_spans(self.path) if stop is None else []
+        advise_pages(spans, _MADV_SEQUENTIAL)
+        try:
+            with self._env.begin() as txn:
+                cursor = txn.cursor(db=db)
+                if not cursor.set_range(schema.op_key(_clamped(start))):
+                    return
+                pairs: Iterator[tuple[bytes, bytes]] = (
+                    cursor.iternext()
+                    if values
+                    else ((key, b"") for key in cursor.iternext(values=False))
+                )
+                for count, (key, value) in enumerate(pairs, 1):
+                    step = _op_index(key)
+                    if stop is not None and step >= stop:
+                        return
+                    yield step, value  # a copy: the pages it came from may go
+                    if count % STEP_CHUNK == 0:
+                        advise_pages(spans, _MADV_DONTNEED)
+        except (lmdb.Error, DamagedRecord) as exc:
+            self.damage = f"reading stopped at a damaged step record: {exc}"
+        finally:
+            if stop is None:
+                advise_pages(mapped_spans(self.path), _MADV_RANDOM)
+
+    def step_state(self, step: int) -> StepState | None:
+        """The step-level record of step ``step`` (None: the trace holds none);
+        :class:`TraceError` when it is damaged."""
+        db = self._dbs.get("steps")
+        if db is None or not _holds(step):
+            return None
+        try:
+            with self._env.begin() as txn:
+                raw = txn.get(schema.op_key(step), db=db)
+            return None if raw is None else decode_step(_unpack(raw), self.state_names)
+        except (lmdb.Error, DamagedRecord) as exc:
+            raise TraceError(f"{self.path}: step record {step} unreadable ({exc})") from None
 
     @cached_property
     def sites(self) -> dict[int, CallSite]:

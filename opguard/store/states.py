@@ -14,9 +14,11 @@ Layout (:mod:`.schema`): database ``steps``, one record per step, key the step n
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import msgpack
 
 from . import schema
 from .errors import DamagedRecord
@@ -41,8 +43,10 @@ class StateEntry:
 
     @property
     def label(self) -> str:
-        """``grad transformer.h.3.mlp.c_fc.weight``, ``state transformer.wte.weight exp_avg``."""
-        return " ".join(part for part in (self.kind, self.name, self.slot) if part)
+        """``grad transformer.h.3.mlp.c_fc.weight``, ``state transformer.wte.weight exp_avg``,
+        ``loss`` (a name that repeats the kind is said once)."""
+        name = "" if self.name == self.kind else self.name
+        return " ".join(part for part in (self.kind, name, self.slot) if part)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +92,34 @@ def decode_step(raw: Any, names: dict[int, str]) -> StepState:
         tensor = TensorRecord.decode({**fields, "n": slot} if isinstance(fields, dict) else fields)
         entries.append(StateEntry(kind, names.get(name_id, f"<state {name_id}>"), slot, tensor))
     return StepState(raw["s"], tuple(entries))
+
+
+def comparable_entries(raw: bytes, rename: Sequence[int] | None = None) -> list[Any] | None:
+    """The entries of a stored step record as two runs' records compare: without their stats
+    (the same content gets other means where another device or kernel reduced it) and with
+    name id ``i`` mapped to ``rename[i]`` (-1 past its end). Equal results mean equal states;
+    unequal ones may still hold equal content (entries in another order), which only a full
+    decode tells. None when ``raw`` is not a step record (decoding it says why). The Python
+    reading of ``opguard._C.step_contents``, for an extension built before it."""
+    try:
+        record = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None
+    entries = record.get("e") if isinstance(record, dict) else None
+    if not isinstance(entries, list):
+        return None
+    for entry in entries:
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 4
+            and type(entry[1]) is int
+            and isinstance(entry[3], dict)
+        ):
+            return None
+        entry[3].pop("m", None)
+        if rename is not None:
+            entry[1] = rename[entry[1]] if 0 <= entry[1] < len(rename) else -1
+    return entries
 
 
 def decode_state_name(raw: Any) -> str:

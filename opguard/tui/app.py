@@ -16,6 +16,7 @@ from textual.screen import Screen
 from .cursor import DebugCursor
 from .screens.help import HelpScreen
 from .screens.main import AgentFactory, MainScreen
+from .screens.steps import StepScreen
 from .session import Session
 
 
@@ -30,17 +31,24 @@ class OpguardApp(App[None]):
 
     def __init__(self, session: Session, *, agent: AgentFactory | None = None) -> None:
         """``agent`` builds the widget the agent panel shows (see
-        :mod:`opguard.tui.widgets.agent_panel`); without it the panel holds a placeholder."""
+        :mod:`opguard.tui.widgets.agent_panel`); without it the panel holds a placeholder.
+        Runs compared by their step-level records alone (a run recorded no ops) open on the
+        step list instead of the op list."""
         super().__init__()
         self.session = session
-        self.main = MainScreen(session, agent)
+        self.main: MainScreen | StepScreen = (
+            StepScreen(session, agent)
+            if session.by_steps(session.ranks[0])
+            else MainScreen(session, agent)
+        )
 
     def get_default_screen(self) -> Screen[None]:
         return self.main
 
     @property
     def cursor(self) -> DebugCursor:
-        """The cursor of the rank on screen."""
+        """The cursor of the rank on screen (the op list's)."""
+        assert isinstance(self.main, MainScreen)
         return self.main.cursor
 
     def action_help(self) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..analysis import RankDiff
+from ..analysis.diff import by_steps_only
 from ..analysis.rows import RankRows, Side
 from ..store import RankTrace, Run, TraceError
 
@@ -68,6 +69,10 @@ class Session:
             rows = self._rows[rank] = RankRows(self.trace(Side.A, rank), self.trace(Side.B, rank))
         return rows
 
+    def by_steps(self, rank: int) -> bool:
+        """Whether ``rank`` is compared by its step-level records (a run recorded no ops)."""
+        return by_steps_only(self.trace(Side.A, rank), self.trace(Side.B, rank))
+
     def state(self, side: Side, rank: int) -> RunState:
         run = self.runs[side.value]
         return RunState(self.labels[side.value], run.status, self.trace(side, rank).finished)
@@ -78,7 +83,8 @@ class Session:
         for side in Side:
             run, trace = self.runs[side.value], self.trace(side, rank)
             if not len(trace):
-                notes.append(f"run {side.name} recorded no ops on rank {rank}")
+                what = "step-level records only" if trace.has_steps else "no ops"
+                notes.append(f"run {side.name} recorded {what} on rank {rank}")
             if trace.failure:
                 notes.append(
                     f"run {side.name}: recording stopped at op {trace.failure['at_op']}: "

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ...analysis import diff_runs
+from ...analysis.state_diff import window_command
 from ...capture_spec import DEFAULT_LIMIT, CaptureSpec
 from ...store import OpRecord, Run
 from ...store.meta import NUMERICS_ENV
@@ -130,7 +131,14 @@ def run(args: argparse.Namespace) -> int:
     if args.window < 0:
         raise CommandError("--window must be 0 or more")
     with Run(args.run_a) as run_a, Run(args.run_b) as run_b:
-        div = diff_runs(run_a, run_b).first
+        result = diff_runs(run_a, run_b)
+        div, state = result.first, result.state_first
+        if div is None and state is not None:
+            raise CommandError(
+                f"the runs differ in their step-level records only (first at step "
+                f"{state.step}): capture needs an op to capture at; record that step op by op "
+                f"first ({window_command(state.step)})"
+            )
         if div is None:
             print("the runs are identical: no divergence to capture")
             return 0

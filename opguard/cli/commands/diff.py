@@ -45,4 +45,4 @@ def run(args: argparse.Namespace) -> int:
             from ..diff_report import print_diff
 
             print_diff(result)
-    return 1 if result.first is not None else 0
+    return 1 if result.diverged else 0

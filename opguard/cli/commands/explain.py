@@ -165,7 +165,7 @@ def _explain(
             except (BudgetRefused, ProviderError) as exc:
                 raise CommandError(str(exc)) from None
             report["agent"] = transcript.finish(session.agent)
-    return report, 1 if result.first is not None else 0
+    return report, 1 if result.diverged else 0
 
 
 def _brief(report: dict[str, Any]) -> dict[str, Any]:
@@ -202,7 +202,7 @@ def _print_opening(session: Session) -> None:
         return
     print(evidence.text)
     print(f"evidence: {evidence.size()}")
-    if session.result.first is None:
+    if not session.result.diverged:
         print("The runs are identical: nothing to explain, no model asked.")
     else:
         print(

@@ -33,7 +33,7 @@ from ..widgets.detail_pane import DetailPane
 from ..widgets.op_list import OpList
 from ..widgets.pictures import Pictures
 from ..widgets.prompt import Prompt
-from ..widgets.run_header import RunHeader
+from ..widgets.run_header import RunHeader, op_position
 
 AgentFactory = Callable[[], Widget]
 
@@ -171,9 +171,7 @@ class MainScreen(Screen[None]):
             [self.session.state(side, self.rank) for side in Side],
             self.rank,
             self.session.ranks,
-            step,
-            rows.steps,
-            rows.steps_taken,
+            op_position(step, rows.steps, rows.steps_taken),
         )
         self.query_one(Pictures).mark(rows.steps.index(step) if step is not None else None)
         row = cursor.row
@@ -325,6 +323,11 @@ class MainScreen(Screen[None]):
         diff = self._diffs.get(self.rank)
         if diff is None:
             self.notify("still comparing the runs: the first divergence is not known yet")
+        elif diff.first is None and diff.state_first is not None:
+            self.notify(
+                f"no op-level divergence; the state first differs at step "
+                f"{diff.state_first.step} (step-level records)"
+            )
         elif diff.first is None:
             self.notify(f"no divergence: rank {self.rank} of both runs computes the same")
         else:

@@ -14,7 +14,8 @@ from ..session import RunState
 
 class RunHeader(Static):
     """Three lines: verdict, rank and step; the runs; the divergence summary and its likely
-    causes, or a notice."""
+    causes, or a notice. A divergence is the first op-level one, else the first step whose
+    state differs (step-level records)."""
 
     _shown: Text | None = None
 
@@ -25,31 +26,25 @@ class RunHeader(Static):
         runs: Sequence[RunState],
         rank: int,
         ranks: Sequence[int],
-        step: int | None,
-        steps: Sequence[int],
-        taken: int,
+        position: str,
     ) -> None:
-        """``steps``: the step numbers the list holds; ``taken``: how many of them are steps
-        (the others hold the ops after the last step)."""
+        """``position``: where in the run the cursor is (:func:`op_position`)."""
         text = Text()
         if failed:
             text.append(" DIFF FAILED ", style="bold white on red")
         elif diff is None:
             text.append(" COMPARING… ", style="bold black on yellow")
-        elif diff.first is None:
+        elif not diff.diverged:
             text.append(" IDENTICAL ", style="bold black on green")
         else:
             text.append(" DIVERGED ", style="bold white on red")
-            first = diff.first
+            first = diff.first or diff.state_first
+            assert first is not None
             kind = first.kind if first.kind == first.cause else f"{first.kind} ({first.cause})"
-            text.append(f"  {kind}, first seen in step {first.step}")
+            seen = "first seen in step" if diff.first is not None else "first differing step"
+            text.append(f"  {kind}, {seen} {first.step}")
         where = f"  rank {rank} ({len(ranks)} compared)"
-        if step is not None and step < taken:
-            where += f" · step {step} ({steps.index(step) + 1} of {taken})"
-        elif step is not None:
-            ended = f"after the last step ({StepCount(taken).describe()})"
-            where += f" · {ended if taken else 'before any step ended'}"
-        text.append(where, style="bold")
+        text.append(where + (f" · {position}" if position else ""), style="bold")
         text.append("\n")
         for name, run in zip("AB", runs, strict=True):
             style = "" if run.finished else "bold yellow"
@@ -67,6 +62,10 @@ class RunHeader(Static):
             ]
             if others:
                 text.append("  likely: " + " · ".join(others), style="italic")
+        elif diff is not None and diff.state_first is not None:
+            text.append(f" {diff.state_first.summary}")
+        elif diff is not None and not diff.ops_compared and diff.states is not None:
+            text.append(f" {diff.states.compared} steps' state, all equal", style="green")
         elif diff is not None:
             text.append(f" {diff.aligned} aligned ops, all equal", style="green")
         else:
@@ -74,3 +73,15 @@ class RunHeader(Static):
         if text != self._shown:  # most keys leave it as it is: no redraw then
             self._shown = text
             self.update(text, layout=False)
+
+
+def op_position(step: int | None, steps: Sequence[int], taken: int) -> str:
+    """Where the op list's cursor is: ``step 1 (2 of 4)``, or after the last step.
+    ``steps``: the step numbers the list holds; ``taken``: how many of them are steps (the
+    others hold the ops after the last step)."""
+    if step is None:
+        return ""
+    if step < taken:
+        return f"step {step} ({steps.index(step) + 1} of {taken})"
+    ended = f"after the last step ({StepCount(taken).describe()})"
+    return ended if taken else "before any step ended"
