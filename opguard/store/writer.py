@@ -42,6 +42,12 @@ Packer = Callable[[], Any]
 Deferred = Any
 
 
+# The queue's marker for "delete the ops below this index" (drop_ops): not a database.
+_DROP = "drop"
+# Databases keyed by op index first (schema.op_key), whose entries go with their op.
+_PER_OP_DBS = ("ops", "kernels", "captures")
+
+
 # One msgpack Packer per thread: a Packer is not thread-safe, and building one costs as much as
 # packing a record.
 _packers = threading.local()
@@ -132,6 +138,7 @@ class TraceWriter:
         # recorder's hook packs them natively, collecting their GPU results without the GIL.
         self.pack_deferred: Callable[[list[Deferred]], list[bytes]] | None = None
         self.records_written = 0
+        self.ops_floor = 0  # ops below it were dropped (drop_ops): the trace holds none of them
         self.bytes_written = 0
         self.busy_seconds = 0.0  # spent packing and committing: the writer's throughput
         self._thread = threading.Thread(target=self._run, name="opguard-writer", daemon=True)
@@ -219,13 +226,20 @@ class TraceWriter:
             return
         started = time.perf_counter()
         by_db: dict[str, list[tuple[bytes, bytes]]] = {}
+        floor = self.ops_floor
         for db, key, value in batch:
+            if db == _DROP:
+                floor = max(floor, value)
+                continue
             if db in ("ops", "kernels"):  # packed by append() or above, or by poll_kernels
                 by_db.setdefault(db, []).append((_key(key), value))
                 continue
             if callable(value):
                 value = value()
             by_db.setdefault(db, []).append((_key(key), packb(value)))
+        if floor > 0 and "kernels" in by_db:  # GPU activity of dropped ops, which comes late
+            below = schema.op_key(floor)
+            by_db["kernels"] = [item for item in by_db["kernels"] if item[0] >= below]
         while True:
             try:
                 with self._env.begin(write=True) as txn:
@@ -236,12 +250,27 @@ class TraceWriter:
                         with txn.cursor(db=self._dbs[db]) as cursor:
                             # steps may be renumbered (opguard.step(n)): no append there
                             cursor.putmulti(items, append=db not in ("info", "steps"))
+                    if floor > self.ops_floor:
+                        self._delete_below(txn, schema.op_key(floor))
                 break
             except lmdb.MapFullError:
                 self._env.set_mapsize(self._env.info()["map_size"] * 2)
+        self.ops_floor = floor
         self.records_written += len(by_db.get("ops", ()))
         self.bytes_written += sum(len(v) for items in by_db.values() for _, v in items)
         self.busy_seconds += time.perf_counter() - started
+
+    def _delete_below(self, txn: lmdb.Transaction, key: bytes) -> None:
+        """Deletes the ops whose keys sort below ``key``, with their GPU activity and captures.
+        LMDB reuses the freed pages for later writes, so a run that drops as it goes keeps its
+        file at about the size of what it holds."""
+        for db in _PER_OP_DBS:
+            with txn.cursor(db=self._dbs[db]) as cursor:
+                if not cursor.first():
+                    continue
+                while cursor.key() and bytes(cursor.key()) < key:
+                    if not cursor.delete():
+                        break
 
     def _put_kernels(self, txn: lmdb.Transaction, items: list[tuple[bytes, bytes]]) -> None:
         """Stores ops' GPU activity (keys in order). An op's activity can arrive over two
@@ -283,6 +312,12 @@ class TraceWriter:
         makes it on the writer thread (it may wait there for GPU fingerprints to land)."""
         self._put_later("steps", schema.op_key(step), value)
 
+    def drop_ops(self, below: int) -> None:
+        """Deletes ops ``0`` to ``below - 1`` (those still held, with their GPU activity and
+        captures) once everything queued before has been written: the flight recorder
+        (``opguard record --keep-last``) keeps the last steps' ops only."""
+        self._pending.append((_DROP, b"", below))
+
     def put_info(self, key: str, value: Any) -> None:
         """Writes an ``info`` entry with the next batch (e.g. a recorder failure)."""
         self._put_later("info", key.encode(), value)
@@ -290,8 +325,8 @@ class TraceWriter:
     def failure_message(self) -> str:
         """What a write error means for the trace, in one line."""
         held = (
-            f"it holds ops 0 to {self.records_written - 1}"
-            if self.records_written
+            f"it holds ops {self.ops_floor} to {self.records_written - 1}"
+            if self.records_written > self.ops_floor
             else "it holds no op"
         )
         return (

@@ -38,9 +38,36 @@ TOOLS: tuple[Tool, ...] = (
             Param(
                 "steps",
                 "integer",
-                "record the first N optimizer steps, then stop",
+                "end the run when step N is reached (the first N optimizer steps of a fresh run)",
                 "--steps",
                 minimum=1,
+            ),
+            Param(
+                "steps_only",
+                "boolean",
+                "record no op, only the training state at each step boundary (long runs)",
+                "--steps-only",
+                default=False,
+            ),
+            Param(
+                "window",
+                "string",
+                "record ops only in steps START to STOP-1, as START:STOP",
+                "--window",
+            ),
+            Param(
+                "keep_last",
+                "integer",
+                "keep the ops of the last N completed steps only (flight recorder)",
+                "--keep-last",
+                minimum=1,
+            ),
+            Param(
+                "first_step",
+                "integer",
+                "number the first step N (a run resumed from a checkpoint at step N)",
+                "--first-step",
+                minimum=0,
             ),
             Param(
                 "python", "string", "interpreter to run under (OpGuard installed there)", "--python"
