@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +43,9 @@ Packer = Callable[[], Any]
 Deferred = Any
 
 
+# Pages a transaction that drops ops may number beyond those its values fill (tree pages copied
+# on write, the free list), for which the file is grown before it runs (_cover_pages).
+DROP_PAGES = 64
 # The queue's marker for "delete the ops below this index" (drop_ops): not a database.
 _DROP = "drop"
 # Databases keyed by op index first (schema.op_key), whose entries go with their op.
@@ -106,6 +110,8 @@ class TraceWriter:
             readahead=False,
         )
         self._dbs = {name: self._env.open_db(name.encode()) for name in schema.DB_NAMES}
+        self._data_file = rank_dir / "data.mdb"
+        self._page_size = int(self._env.stat()["psize"])
         with self._env.begin(write=True) as txn:
             info = self._dbs["info"]
             txn.put(b"schema", msgpack.packb(schema.SCHEMA_VERSION), db=info)
@@ -240,6 +246,10 @@ class TraceWriter:
         if floor > 0 and "kernels" in by_db:  # GPU activity of dropped ops, which comes late
             below = schema.op_key(floor)
             by_db["kernels"] = [item for item in by_db["kernels"] if item[0] >= below]
+        dropping = floor > self.ops_floor
+        if dropping:  # room for the pages this transaction may number (see _cover_pages)
+            size = sum(len(v) for items in by_db.values() for _, v in items)
+            self._cover_pages(2 * size // self._page_size + DROP_PAGES)
         while True:
             try:
                 with self._env.begin(write=True) as txn:
@@ -250,15 +260,28 @@ class TraceWriter:
                         with txn.cursor(db=self._dbs[db]) as cursor:
                             # steps may be renumbered (opguard.step(n)): no append there
                             cursor.putmulti(items, append=db not in ("info", "steps"))
-                    if floor > self.ops_floor:
+                    if dropping:
                         self._delete_below(txn, schema.op_key(floor))
                 break
             except lmdb.MapFullError:
                 self._env.set_mapsize(self._env.info()["map_size"] * 2)
+        if dropping:
+            self._cover_pages(0)
         self.ops_floor = floor
         self.records_written += len(by_db.get("ops", ()))
         self.bytes_written += sum(len(v) for items in by_db.values() for _, v in items)
         self.busy_seconds += time.perf_counter() - started
+
+    def _cover_pages(self, extra: int) -> None:
+        """Makes the file hold every page LMDB has numbered, and ``extra`` more. A transaction
+        that deletes can number a page, free it again and never write it; LMDB never reads such
+        a page, but a file shorter than its pages is what a truncated copy looks like, and
+        readers refuse it (:mod:`.pagecheck`). Grown before the transaction, the file holds its
+        pages from the moment it commits (and after it, should the room have been short)."""
+        needed = (int(self._env.info()["last_pgno"]) + 1 + extra) * self._page_size
+        with contextlib.suppress(OSError):
+            if self._data_file.stat().st_size < needed:
+                os.truncate(self._data_file, needed)
 
     def _delete_below(self, txn: lmdb.Transaction, key: bytes) -> None:
         """Deletes the ops whose keys sort below ``key``, with their GPU activity and captures.
