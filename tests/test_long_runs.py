@@ -10,6 +10,7 @@ the script itself printed and saved.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
+import msgpack
 import pytest
 import torch
 from conftest import cli_in_process, opguard_cmd
@@ -27,7 +29,7 @@ from conftest import cli_in_process, opguard_cmd
 import opguard
 from opguard.recorder.tensors import fingerprint_fields
 from opguard.store import Run, schema
-from opguard.store.states import StateEntry
+from opguard.store.states import StateEntry, decode_step, expand_step
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 SCRIPT = SCRIPTS / "steps_train.py"
@@ -171,7 +173,7 @@ def test_steps_only_records_each_state_tensor_by_name_and_no_op(
     recorded = states(run)
     assert sorted(recorded) == list(range(STEPS))
     expected = (
-        [("loss", "", "0")]
+        [("loss", "loss", "0")]
         + [("grad", name, "") for name in PARAMS]
         + [("param", name, "") for name in PARAMS]
         + [("state", name, "momentum_buffer") for name in PARAMS]
@@ -213,6 +215,29 @@ def test_step_entries_are_the_fingerprints_of_the_training_state(
     assert adam == {"step", "exp_avg", "exp_avg_sq"}
 
 
+def test_step_records_are_stored_compressed_and_read_as_the_plain_layout(
+    runs: dict[str, Recorded],
+) -> None:
+    """The recorder stores a step's entries packed and compressed (GPT-2's ~85 KiB of entries
+    take ~42 KiB); read back, and expanded to bytes, it is the ``{"s", "e"}`` layout."""
+    run = runs["steps-only"].run
+    env = lmdb.open(str(run / "rank-0"), readonly=True, max_dbs=16, lock=False)
+    try:
+        with env.begin() as txn:
+            stored = dict(txn.cursor(db=env.open_db(b"steps", txn=txn, create=False)))
+    finally:
+        env.close()
+    with Run(run) as opened:
+        names = opened.rank(0).state_names
+    for key, raw in stored.items():
+        assert set(msgpack.unpackb(raw)) == {"s", "z"}
+        expanded = msgpack.unpackb(expand_step(raw), strict_map_key=False)
+        assert expanded["s"] == schema.op_index(key)
+        assert decode_step(expanded, names) == decode_step(msgpack.unpackb(raw), names)
+        assert msgpack.packb(expanded) == expand_step(raw)
+        assert expand_step(expand_step(raw)) == expand_step(raw)
+
+
 def test_recording_changes_no_numbers(runs: dict[str, Recorded]) -> None:
     plain = printed(runs["plain"].stdout)
     assert sorted(plain) == list(range(STEPS))
@@ -252,8 +277,27 @@ def test_the_op_level_diff_compares_the_steps_both_runs_hold(runs: dict[str, Rec
     assert "op level: compared step(s) 2 to 3, the steps both runs hold ops for" in said
     assert "run B: steps 2 to 3 (--window 2:4)" in said
     assert "exists only in run" not in said
-    code, _, err = cli_in_process("diff", str(runs["window"].run), str(runs["resumed"].run))
+
+
+def test_runs_without_op_records_of_a_common_step(
+    runs: dict[str, Recorded], tmp_path: Path
+) -> None:
+    """Steps 2-3 against step 4: the op-level diff compares none, and says so; without
+    step-level records in a run to go by (a trace recorded before they existed), that is an
+    error, not "identical"."""
+    window, resumed = runs["window"].run, runs["resumed"].run
+    code, out, err = cli_in_process("diff", str(window), str(resumed))
+    assert code == 0, err
+    assert "op level: compared no step" in " ".join(out.split())
+    older = tmp_path / "older"
+    shutil.copytree(window, older)
+    env = lmdb.open(str(older / "rank-0"), max_dbs=16)
+    with env.begin(write=True) as txn:
+        txn.drop(env.open_db(b"steps", txn=txn), delete=True)
+    env.close()
+    code, _, err = cli_in_process("diff", str(older), str(resumed))
     assert code == 2 and "hold ops of no common step" in err and len(err.splitlines()) == 1
+    assert "run A: steps 2 to 3 (--window 2:4); run B: steps 4 to 4 (--window 4:5)" in err
 
 
 def test_steps_end_the_run_at_an_absolute_step(runs: dict[str, Recorded]) -> None:
@@ -342,7 +386,8 @@ def test_opguard_step_numbers_the_step_now_starting(tmp_path: Path) -> None:
     assert torch.autograd.backward is original
     recorded = states(tmp_path / "run")
     assert sorted(recorded) == [10, 11]
-    assert [e.label for e in recorded[10]] == ["loss 0", "loss 1", "rng cpu"]
+    keys = [e.key for e in recorded[10]]
+    assert keys == [("loss", "loss", "0"), ("loss", "loss", "1"), ("rng", "cpu", "")]
     assert recorded[10][0].tensor.values() == [6.0] and recorded[10][1].tensor.values() == [9.0]
 
 
@@ -478,7 +523,7 @@ def test_each_rank_writes_its_step_records_sharded_state_as_its_shard(tmp_path: 
         by_rank = [{e.key: e.tensor.content_key() for e in ddp[r][step]} for r in (0, 1)]
         names = {key[1] for key in by_rank[0] if key[0] == "param"}
         assert names == {"0.weight", "0.bias", "2.weight", "2.bias"}
-        assert by_rank[0][("loss", "", "0")] != by_rank[1][("loss", "", "0")]  # own data
+        assert by_rank[0][("loss", "loss", "0")] != by_rank[1][("loss", "loss", "0")]  # own data
         for key in by_rank[0]:
             if key[0] in ("grad", "param", "state"):
                 assert by_rank[0][key] == by_rank[1][key], (step, key)

@@ -432,8 +432,10 @@ def diff_runs(
     if (op_level_limits(run_a.meta) or op_level_limits(run_b.meta)) and not any(
         r.steps for r in results
     ):
-        held = ops_held(run_a.rank(ranks[0]), run_b.rank(ranks[0]))
-        raise TraceError(f"the runs hold ops of no common step ({held}): nothing to compare")
+        trace_a, trace_b = run_a.rank(ranks[0]), run_b.rank(ranks[0])
+        if not (trace_a.has_steps and trace_b.has_steps):  # else their step-level records
+            held = ops_held(trace_a, trace_b)
+            raise TraceError(f"the runs hold ops of no common step ({held}): nothing to compare")
     for r in results:
         if r.aligned == 0 and r.only_a and r.only_b:
             # No first difference to name when nothing corresponds: not "identical" either.

@@ -47,10 +47,10 @@ def describe_runs(a: StepCount, b: StepCount) -> str:
 
 
 def op_level_limits(meta: Mapping[str, Any]) -> str:
-    """Which steps a run kept ops of, as recorded (``--window 5:7``, ``--keep-last 20``,
-    ``--steps-only``: none), or '' when it kept them all."""
+    """Which steps a run that recorded ops kept them of, as recorded (``--window 5:7``,
+    ``--keep-last 20``), or '' when it kept them all."""
     window, keep_last = meta.get("window"), meta.get("keep_last")
-    limits = ["--steps-only"] if meta.get("steps_only") is True else []
+    limits = []
     if isinstance(window, list) and len(window) == 2:
         limits.append(f"--window {window[0]}:{window[1]}")
     if isinstance(keep_last, int) and not isinstance(keep_last, bool):

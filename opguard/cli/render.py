@@ -55,7 +55,7 @@ def print_run_summary(path: str, meta: dict[str, Any], ranks: Sequence[dict[str,
             console.print(f"  rank {r['rank']}: no op-level records; {state}")
         limits = op_level_limits(meta)
         if r["ops"] and limits:
-            first, last = r["first_op"], r["last_op"]
+            first, last = r.get("first_op", {"index": 0, "step": 0}), r["last_op"]
             console.print(
                 f"    ops {first['index']} to {last['index']}: steps {first['step']} to "
                 f"{last['step']} ({escape(limits)})"

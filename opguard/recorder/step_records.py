@@ -33,8 +33,7 @@ from .mode import RING_DRAIN
 from .owners import Owners, find_owners, param_name
 from .tensors import PLAIN_TENSORS, fingerprint_all, ring_load
 
-LOSS = "loss"
-LOSS_NAME = ""  # loss entries are told apart by their slot: "loss 0", "loss 1"
+LOSS = "loss"  # the kind and the name of loss entries, told apart by their slot: "0", "1", …
 CPU_RNG = "cpu"
 
 
@@ -112,7 +111,7 @@ class StepRecorder:
         try:
             found = [local(t) for t in tensors if isinstance(t, torch.Tensor)]
             first, self._losses = self._losses, self._losses + len(found)
-            labels = [self._label(LOSS, LOSS_NAME, str(first + k)) for k in range(len(found))]
+            labels = [self._label(LOSS, LOSS, str(first + k)) for k in range(len(found))]
             self._add(found, labels)
         except Exception as exc:
             self._fail(exc)

@@ -85,6 +85,22 @@ def encode_packed_step(step: int, entries: bytes) -> dict[str, Any]:
     return {"s": step, "z": zlib.compress(entries, COMPRESSION_LEVEL)}
 
 
+def expand_step(raw: bytes) -> bytes:
+    """A stored step record's bytes with compressed entries expanded: the ``{"s", "e"}`` form,
+    byte for byte as msgpack packs it, so that records compare as bytes whichever form they were
+    stored in. Other bytes come back as they are (decoding them says what is wrong)."""
+    try:
+        record = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        if not (isinstance(record, dict) and isinstance(record.get("z"), bytes)):
+            return raw
+        entries = zlib.decompress(record["z"])
+    except (zlib.error, ValueError, TypeError, msgpack.UnpackException):
+        return raw
+    return (
+        b"\x82" + msgpack.packb("s") + msgpack.packb(record.get("s")) + msgpack.packb("e") + entries
+    )
+
+
 def _entries_of(raw: Any) -> Any:
     """A stored step record with its compressed entries (``z``) unpacked into ``e``."""
     if not (isinstance(raw, dict) and "e" not in raw and isinstance(raw.get("z"), bytes)):

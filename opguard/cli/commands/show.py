@@ -48,7 +48,7 @@ def rank_summary(trace: RankTrace) -> dict[str, Any]:
         "partial": trace.partial,
     }
     first, last = trace.first_op(), trace.last_op()
-    if first is not None:
+    if first is not None and first != (0, 0):  # ops of some steps only (--window, --keep-last)
         summary["first_op"] = {"index": first[0], "step": first[1]}
     if last is not None:
         summary["last_op"] = {"index": last[0], "step": last[1]}
