@@ -83,6 +83,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Recorded]:
         "adam": (["--steps-only"], [*steps, "--optimizer", "adam", "--save", str(root / "a.pt")]),
         "window": (["--window", "2:4"], [*steps, "--show-modes"]),
         "keep-last": (["--keep-last", "2"], steps),
+        "window-keep-last": (["--window", "1:5", "--keep-last", "2"], steps),
         "limit": (["--steps", "4", "--window", "3:9"], steps),
         f"keep-last-{LONG}": (["--keep-last", str(KEEP)], ["--steps", str(LONG)]),
         "keep-last-50": (["--keep-last", str(KEEP)], ["--steps", "50"]),
@@ -333,6 +334,13 @@ def test_keep_last_holds_the_last_steps_ops_as_the_full_run_numbered_them(
     assert f"step-level records: {STEPS} step(s), 0 to {STEPS - 1}" in said
     code, _, err = cli_in_process("show", str(runs["keep-last"].run), "--ops", "0:5")
     assert code == 2 and f"rank 0 has ops {first} to " in err
+
+
+def test_keep_last_in_a_window_keeps_the_windows_last_steps(runs: dict[str, Recorded]) -> None:
+    """Steps after the window record no op: they do not push the window's ops out."""
+    full, kept = ops_per_step(runs["full"].run), ops_per_step(runs["window-keep-last"].run)
+    assert sorted(kept) == [3, 4] and all(kept[s] == full[s] for s in kept)
+    assert sorted(states(runs["window-keep-last"].run)) == list(range(STEPS))
 
 
 def _size(run: Path) -> int:

@@ -66,9 +66,10 @@ class OpLevel:
 
     def step_ended(self, next_index: int) -> None:
         """A step ended; the next starts at op ``next_index``. The flight recorder drops the
-        ops of the step that is now one too many."""
+        ops of the step that is now one too many. Steps that recorded no op (outside a
+        window, after recording stopped) do not count: the last steps with ops stay."""
         starts = self._starts
-        if starts is None:
+        if starts is None or next_index == starts[-1]:
             return
         starts.append(next_index)
         if len(starts) == starts.maxlen and starts[0] > self._floor:
@@ -83,6 +84,8 @@ class OpLevel:
         self._on = False
 
     def _turn_on(self, step: int, first: bool) -> None:
+        if self._recorder.stopped:  # for good (the step limit, a failure)
+            return
         if not self._pushed:
             if not first and _dispatch_stack():
                 # Pushed above a mode the script entered since recording started, the recorder
