@@ -399,6 +399,35 @@ def test_opguard_step_numbers_the_step_now_starting(tmp_path: Path) -> None:
     assert recorded[10][0].tensor.values() == [6.0] and recorded[10][1].tensor.values() == [9.0]
 
 
+def test_a_failing_step_level_recorder_stops_and_the_training_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from opguard.recorder import step_records
+
+    calls = []
+
+    def failing(tensors: list[torch.Tensor], labels: list[bytes]) -> Any:
+        calls.append(len(tensors))
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(step_records, "fingerprint_all", failing)
+    weight = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([weight], lr=0.5)
+    with opguard.record(tmp_path / "run", steps_only=True):
+        for _ in range(3):
+            opt.zero_grad()
+            (weight * 2).sum().backward()
+            opt.step()
+    assert weight.tolist() == [-2.0, -2.0, -2.0]  # three steps taken, 2 * 0.5 each
+    assert len(calls) == 1  # the first failure stopped it
+    err = capsys.readouterr().err
+    assert err.count("opguard: step-level recording stopped at step 0: RuntimeError: injected") == 1
+    with Run(tmp_path / "run") as opened:
+        trace = opened.rank(0)
+        assert trace.info["step_failure"] == {"at_step": 0, "error": "RuntimeError: injected"}
+        assert trace.step_count() == 0 and trace.info["end"]["steps"] == 3
+
+
 # -- crashes ---------------------------------------------------------------------------------------
 
 
@@ -443,7 +472,8 @@ def test_sigkill_leaves_step_records_readable_up_to_the_last_committed_batch(
         for step in held:
             (loss,) = [e for e in step.entries if e.kind == "loss"]
             assert loss.tensor.values() == [float.fromhex(losses[step.step])]
-        assert indices == list(range(indices[0], indices[0] + len(indices))) if indices else True
+        if indices:  # a gapless run of ops
+            assert indices == list(range(indices[0], indices[0] + len(indices)))
     assert not op_indices(results[0][0])
     assert op_indices(results[1][0])[0] > 0  # the first steps' ops were dropped
 
