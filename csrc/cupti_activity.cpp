@@ -331,9 +331,12 @@ std::string start(const std::string& library) {
     }
   }
   CUptiResult r = s.api.register_callbacks(buffer_requested, buffer_completed);
-  if (r == CUPTI_SUCCESS && s.subscriber == nullptr) {
-    r = s.api.subscribe(&s.subscriber, on_api, nullptr);
-    if (r == CUPTI_SUCCESS) r = subscribe_launches(s, CUPTI_CB_DOMAIN_RUNTIME_API);
+  // Subscribed once per process; a recording that ended paused (outside its window) left the
+  // callbacks off.
+  const bool subscribe = s.subscriber == nullptr;
+  if (r == CUPTI_SUCCESS && subscribe) r = s.api.subscribe(&s.subscriber, on_api, nullptr);
+  if (r == CUPTI_SUCCESS && (subscribe || s.paused)) {
+    r = subscribe_launches(s, CUPTI_CB_DOMAIN_RUNTIME_API);
     if (r == CUPTI_SUCCESS) r = subscribe_launches(s, CUPTI_CB_DOMAIN_DRIVER_API);
   }
   for (CUpti_ActivityKind kind : kKinds) {
@@ -345,6 +348,7 @@ std::string start(const std::string& library) {
     return std::string("CUPTI activity unavailable: ") + (text ? text : "error");
   }
   s.last_recorded = -1;
+  s.paused = false;
   s.watching = true;
   s.active = true;
   return "";
