@@ -67,9 +67,11 @@ class StepRecorder:
         self._losses = 0  # tensors backward() was called on in this step
         self._labels: dict[tuple[str, str, str], bytes] = {}
         self._layouts: weakref.WeakKeyDictionary[Any, Layout] = weakref.WeakKeyDictionary()
-        # (label, module, key) of every buffer of the modules found so far
-        self._buffers: list[tuple[bytes, torch.nn.Module, str]] = []
+        # (label, module, key) of every buffer of the modules found so far (the modules held
+        # weakly: a model the script drops is not kept alive by the recording)
+        self._buffers: list[tuple[bytes, weakref.ref[torch.nn.Module], str]] = []
         self._buffer_names: set[str] = set()
+        self._original: Callable[..., Any] = torch.autograd.backward
         self._backward: Callable[..., Any] | None = None
         self.active = False
 
@@ -77,7 +79,7 @@ class StepRecorder:
 
     def start(self) -> None:
         """Wraps ``torch.autograd.backward`` (``Tensor.backward`` calls it) to see each loss."""
-        original = torch.autograd.backward
+        original = self._original = torch.autograd.backward
 
         @functools.wraps(original)
         def backward(*args: Any, **kwargs: Any) -> Any:
@@ -87,7 +89,6 @@ class StepRecorder:
 
         self._backward = backward
         torch.autograd.backward = backward
-        self._original = original
         self.active = True
 
     def close(self) -> None:
@@ -158,7 +159,7 @@ class StepRecorder:
         if not self.active:
             return
         try:
-            held = [(label, module._buffers.get(key)) for label, module, key in self._buffers]
+            held = [(label, _buffer(module(), key)) for label, module, key in self._buffers]
             tensors = [local(buffer) for _, buffer in held if buffer is not None]
             labels = [label for label, buffer in held if buffer is not None]
             rng, rng_labels = self._rng_states()
@@ -215,7 +216,7 @@ class StepRecorder:
         for name, module, key in owners.buffers:
             if name not in self._buffer_names:
                 self._buffer_names.add(name)
-                self._buffers.append((self._label("buffer", name, ""), module, key))
+                self._buffers.append((self._label("buffer", name, ""), weakref.ref(module), key))
 
     def _rng_states(self) -> tuple[list[torch.Tensor], list[bytes]]:
         tensors = [torch.default_generator.get_state()]
@@ -229,6 +230,11 @@ class StepRecorder:
     def _fail(self, exc: BaseException) -> None:
         self.stop()
         self._on_failure(exc)
+
+
+def _buffer(module: torch.nn.Module | None, key: str) -> torch.Tensor | None:
+    """The module's buffer ``key`` as it is now (a module may replace it; None: gone)."""
+    return None if module is None else module._buffers.get(key)
 
 
 def _packed_step(step: int, batches: list[Any]) -> dict[str, Any]:
