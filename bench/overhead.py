@@ -4,12 +4,16 @@
 
 Two more modes explain the figure: ``passthrough``, a dispatch mode that only calls each op (the
 floor of any recorder built on a Python dispatch mode), and ``opguard-nokernels`` (kernel
-collection off, ``OPGUARD_KERNELS=0``). Each mode also reports its host time: how long the step
-takes to *return* before the final synchronise. A step whose host time approaches its step time
-is host-bound (the GPU waits for launches); otherwise the cost is GPU work.
+collection off, ``OPGUARD_KERNELS=0``). Two measure long runs (docs/LONG_RUNS.md):
+``opguard-steps`` records step-level records only (``opguard record --steps-only``), and
+``opguard-window`` records with an op-level window that starts after the measured steps, so
+they show what a step outside a window costs. Each mode also reports its host time: how long the
+step takes to *return* before the final synchronise. A step whose host time approaches its step
+time is host-bound (the GPU waits for launches); otherwise the cost is GPU work.
 
 Modes are interleaved in rounds after a warm-up so clock and thermal drift hit all alike; each
-figure is the median step time. Prints a table and writes JSON next to it with --json PATH.
+figure is the median step time. Prints a table and writes JSON next to it with --json PATH. On a
+machine without a CUDA GPU it says so and measures nothing.
 
 Under torchrun (``torchrun --nproc-per-node 2 bench/overhead.py``) every rank trains the model
 wrapped in DistributedDataParallel over NCCL, one GPU each, and rank 0 reports its own times
@@ -41,11 +45,14 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+import lmdb
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import opguard
 from opguard.store import Run
+
+OUTSIDE = (1_000_000, 1_000_001)  # an op-level window no benchmark session reaches
 
 
 def distributed() -> bool:
@@ -143,22 +150,27 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
+    if not torch.cuda.is_available():
+        print("no CUDA GPU here: the GPU overhead benchmark measures nothing")
+        return
     step, _ = build(args.batch, args.seq, compile=args.compile)
     if distributed():  # one run directory shared by the ranks, each writing its rank-K
         job = os.environ.get("TORCHELASTIC_RUN_ID", "job")
         workdir = Path(tempfile.gettempdir()) / f"opguard-bench-{job}"
     else:
         workdir = Path(tempfile.mkdtemp(prefix="opguard-bench-"))
-    traces: list[Path] = []
-
+    traces: dict[str, Path] = {}  # each recording mode's latest trace
     writers: list = []
 
-    def recording() -> AbstractContextManager:
-        path = workdir / f"run{len(traces)}"
-        traces.append(path)
-        session = opguard.record(path)
-        writers.append(session)
-        return session
+    def recorder(mode: str, **options: Any) -> Callable[[], AbstractContextManager]:
+        def recording() -> AbstractContextManager:
+            path = workdir / f"run{len(writers)}"
+            traces[mode] = path
+            session = opguard.record(path, **options)
+            writers.append(session)
+            return session
+
+        return recording
 
     def debugmode() -> AbstractContextManager:
         from torch.utils._debug_mode import DebugMode
@@ -178,39 +190,68 @@ def main() -> None:
 
     @contextmanager
     def recording_without_kernels() -> Iterator[None]:
-        with kernels_off(), recording():
+        with kernels_off(), recorder("opguard-nokernels")():
             yield
 
     modes: dict[str, Callable[[], AbstractContextManager]] = {
         "plain": nullcontext,
         "passthrough": Passthrough,
-        "opguard": recording,
+        "opguard": recorder("opguard"),
         "opguard-nokernels": recording_without_kernels,
+        "opguard-steps": recorder("opguard-steps", steps_only=True),
+        # op level from a step no session here reaches: every measured step is outside it
+        "opguard-window": recorder("opguard-window", window=OUTSIDE),
     }
     if args.compile:
         del modes["passthrough"]
     elif not args.no_debugmode:
         modes["debugmode"] = debugmode
+    from opguard.recorder import tensors as recorder_tensors
+
+    def launched() -> int:
+        """Tensors the GPU fingerprinter has fingerprinted so far."""
+        return recorder_tensors._GPU.launches if recorder_tensors._GPU is not None else 0
+
     for ctx in modes.values():  # warm-up: allocator, cuBLAS handles, autotuning
         timed(step, ctx, 2)
     times: dict[str, list[float]] = {name: [] for name in modes}
     host: dict[str, list[float]] = {name: [] for name in modes}
     peak: dict[str, int] = {}
+    launches: dict[str, int] = dict.fromkeys(modes, 0)
     for _ in range(args.rounds):
         for name, ctx in modes.items():
             torch.cuda.reset_peak_memory_stats()
+            before = launched()
             step_times, host_times = timed(step, ctx, args.steps)
+            launches[name] += launched() - before
             times[name] += step_times
             host[name] += host_times
             peak[name] = max(peak.get(name, 0), torch.cuda.max_memory_allocated())
 
-    from opguard.recorder import tensors as recorder_tensors
+    def trace_bytes(mode: str) -> int:
+        """The size of the mode's last trace (one per rank here: this rank's)."""
+        return sum(f.stat().st_size for f in traces[mode].rglob("*.mdb"))
 
-    launches = recorder_tensors._GPU.launches if recorder_tensors._GPU is not None else 0
-    last = Run(traces[-1])
+    def step_record_bytes(mode: str) -> int:
+        """The pages the mode's last trace holds its step-level records in (without the fixed
+        part of a trace, which a run of a few steps would spread over them)."""
+        env = lmdb.open(
+            str(next(traces[mode].glob("rank-*"))), readonly=True, max_dbs=16, lock=False
+        )
+        try:
+            stat = env.open_db(b"steps", create=False)
+            with env.begin() as txn:
+                pages = txn.stat(stat)
+            return pages["psize"] * (
+                pages["branch_pages"] + pages["leaf_pages"] + pages["overflow_pages"]
+            )
+        finally:
+            env.close()
+
+    last = Run(traces["opguard"])
     ops = len(last.rank(0))
-    trace_bytes = sum(f.stat().st_size for f in traces[-1].rglob("*.mdb"))
     steps_recorded = args.steps
+    measured = args.steps * args.rounds
     records = sum(session.writer.records_written for session in writers)
     written = sum(session.writer.bytes_written for session in writers)
     busy = sum(session.writer.busy_seconds for session in writers)
@@ -234,9 +275,12 @@ def main() -> None:
         "rounds": args.rounds,
         "steps": args.steps,
         "ops_per_step": ops / steps_recorded,
-        "trace_bytes_per_step": trace_bytes / steps_recorded,
-        # two recording modes, each with two warm-up steps
-        "fingerprint_launches_per_step": launches / (2 * (args.steps * args.rounds + 2)),
+        "trace_bytes_per_step": trace_bytes("opguard") / steps_recorded,
+        # step-level records alone, and outside a window (the same records, the mode off)
+        "step_trace_bytes_per_step": step_record_bytes("opguard-steps") / steps_recorded,
+        "window_trace_bytes_per_step": trace_bytes("opguard-window") / steps_recorded,
+        "fingerprint_launches_per_step": launches["opguard"] / measured,
+        "step_fingerprint_launches_per_step": launches["opguard-steps"] / measured,
         "writer_records_per_s": records / busy,
         "writer_bytes_per_s": written / busy,
         "world_size": torch.distributed.get_world_size() if distributed() else 1,
@@ -260,8 +304,12 @@ def main() -> None:
             f"{row['host_s'] * 1e3:>7.1f}ms {row['peak_gib']:>9.2f} {row['peak_ratio']:>10.3f}"
         )
     print(
-        f"ops per step {result['ops_per_step']:.0f}, trace {trace_bytes / steps_recorded / 2**20:.2f} MiB per step, "
+        f"ops per step {result['ops_per_step']:.0f}, trace {result['trace_bytes_per_step'] / 2**20:.2f} MiB per step, "
         f"writer {records / busy:,.0f} records/s ({written / busy / 2**20:.1f} MiB/s) while busy"
+    )
+    print(
+        f"step-level records: {result['step_trace_bytes_per_step'] / 2**10:.1f} KiB per step "
+        f"({result['step_fingerprint_launches_per_step']:.0f} tensors fingerprinted per step)"
     )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -14,6 +14,7 @@
 #include "opscan.h"
 #include "provenance.h"
 #include "results.h"
+#include "state_record.h"
 #include "tensor_probe.h"
 #if OPGUARD_WITH_CUDA
 #include "cupti_activity.h"
@@ -95,6 +96,9 @@ void bind_cuda(py::module_& m) {
       "[(op, packed kernel entries)], ops in order: each op's entries of the trace (schema.py) "
       "for the GPU activity drained, one msgpack array; an entry with u=1 was launched after "
       "op `op`, outside any recorded op.");
+  m.def("cupti_pause", &cupti::pause,
+        "Turns kernel collection off (callbacks and activity) until cupti_resume.");
+  m.def("cupti_resume", &cupti::resume, "Turns it back on; '' or why not.");
   m.def("cupti_stop", &cupti::stop);
   m.def("cupti_counters", [] {
     const cupti::Counters c = cupti::counters();
@@ -138,6 +142,7 @@ PYBIND11_MODULE(_C, m) {
   opguard::bind_provenance(m);
   opguard::bind_op_plan(m);
   opguard::bind_call_recorder(m);
+  opguard::bind_state_record(m);
 #if OPGUARD_WITH_CUDA
   bind_cuda(m);
 #endif

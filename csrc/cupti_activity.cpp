@@ -92,6 +92,7 @@ struct State {
   void* handle = nullptr;
   std::atomic<bool> active{false};
   std::atomic<bool> watching{false};       // report launches outside any op
+  std::atomic<bool> paused{false};         // callbacks and activity off (pause)
   std::atomic<int64_t> last_recorded{-1};  // the last op recorded, on any thread
   std::unordered_map<uint32_t, Tag> tags;  // correlation id -> tag, until its activity
   CUpti_SubscriberHandle subscriber = nullptr;
@@ -330,9 +331,12 @@ std::string start(const std::string& library) {
     }
   }
   CUptiResult r = s.api.register_callbacks(buffer_requested, buffer_completed);
-  if (r == CUPTI_SUCCESS && s.subscriber == nullptr) {
-    r = s.api.subscribe(&s.subscriber, on_api, nullptr);
-    if (r == CUPTI_SUCCESS) r = subscribe_launches(s, CUPTI_CB_DOMAIN_RUNTIME_API);
+  // Subscribed once per process; a recording that ended paused (outside its window) left the
+  // callbacks off.
+  const bool subscribe = s.subscriber == nullptr;
+  if (r == CUPTI_SUCCESS && subscribe) r = s.api.subscribe(&s.subscriber, on_api, nullptr);
+  if (r == CUPTI_SUCCESS && (subscribe || s.paused)) {
+    r = subscribe_launches(s, CUPTI_CB_DOMAIN_RUNTIME_API);
     if (r == CUPTI_SUCCESS) r = subscribe_launches(s, CUPTI_CB_DOMAIN_DRIVER_API);
   }
   for (CUpti_ActivityKind kind : kKinds) {
@@ -344,6 +348,7 @@ std::string start(const std::string& library) {
     return std::string("CUPTI activity unavailable: ") + (text ? text : "error");
   }
   s.last_recorded = -1;
+  s.paused = false;
   s.watching = true;
   s.active = true;
   return "";
@@ -449,6 +454,35 @@ Counters counters() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   return s.counters;
+}
+
+void pause() {
+  State& s = state();
+  if (!s.active || s.paused) return;
+  s.watching = false;
+  for (CUpti_ActivityKind kind : kKinds) s.api.disable(kind);
+  // Disabling a domain turns off every callback of it, those enabled one by one included.
+  s.api.enable_domain(0, s.subscriber, CUPTI_CB_DOMAIN_RUNTIME_API);
+  s.api.enable_domain(0, s.subscriber, CUPTI_CB_DOMAIN_DRIVER_API);
+  s.paused = true;
+}
+
+std::string resume() {
+  State& s = state();
+  if (!s.active || !s.paused) return "";
+  CUptiResult r = subscribe_launches(s, CUPTI_CB_DOMAIN_RUNTIME_API);
+  if (r == CUPTI_SUCCESS) r = subscribe_launches(s, CUPTI_CB_DOMAIN_DRIVER_API);
+  for (CUpti_ActivityKind kind : kKinds) {
+    if (r == CUPTI_SUCCESS) r = s.api.enable(kind);
+  }
+  if (r != CUPTI_SUCCESS) {
+    const char* text = nullptr;
+    s.api.result_string(r, &text);
+    return std::string("CUPTI activity could not be turned back on: ") + (text ? text : "error");
+  }
+  s.paused = false;
+  s.watching = true;
+  return "";
 }
 
 void stop() {

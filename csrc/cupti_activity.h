@@ -54,6 +54,12 @@ void recorder_enter();
 void recorder_leave(int64_t last_recorded);
 // Whether launches outside any op are reported (on from start(); off once recording stops).
 void watch_unclaimed(bool on);
+// Turns collection off until resume(): CUPTI's launch callbacks and its activity records, so
+// that outside an op-level window (opguard record --window) a launch costs what it costs
+// unrecorded. What was collected before stays for drain().
+void pause();
+// Turns collection back on after pause(); an empty string, else why it could not.
+std::string resume();
 
 // OpGuard's own GPU work on this thread while it exists (fingerprint launches): never reported.
 class OwnWork {

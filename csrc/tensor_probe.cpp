@@ -280,7 +280,10 @@ void bind_tensor_probe(py::module_& m) {
           },
           py::arg("tensor"), py::arg("head_elements"),
           "Content fields (CPU), a PendingFields (CUDA, on the current stream) or "
-          "{'f': FLAG_UNREADABLE}.");
+          "{'f': FLAG_UNREADABLE}.")
+      .def("ring_load", &TensorProbe::ring_load,
+           "The share of the GPU result rings waiting to be collected (0 before any GPU "
+           "tensor).");
 }
 
 }  // namespace opguard

@@ -435,3 +435,55 @@ def test_fused_against_foreach_adamw_names_the_optimizer_step(tmp_path: Path) ->
     assert named["phase"] == "optimizer", first
     script = SCENARIOS / "attention_adamw.py"
     assert named["call_site"]["line"] == line_of(script, "opt.step"), first
+
+
+def test_step_records_on_the_gpu_are_the_cpus_fingerprints_without_a_sync(tmp_path: Path) -> None:
+    """``--steps-only`` on the GPU under CUDA's sync debug mode: the gradients, parameters and
+    AdamW states fingerprinted on the GPU hash as their CPU copies do; the CUDA generator's
+    state is recorded; no op."""
+    from opguard.store import Run
+
+    save = tmp_path / "saved.pt"
+    result = _run(
+        str(SCENARIOS / "steps_gpu.py"), str(tmp_path / "run"), "steps", str(save), cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    saved = torch.load(save, weights_only=False)
+    with Run(tmp_path / "run") as run:
+        trace = run.rank(0)
+        assert len(trace) == 0 and "step_failure" not in trace.info
+        last = list(trace.step_states())[-1].entries
+    grads = [e.tensor.hash for e in last if e.kind == "grad"]
+    params = [e.tensor.hash for e in last if e.kind == "param"]
+    assert grads == [fingerprint_fields(g)["h"] for g in saved["grads"]]
+    assert params == [fingerprint_fields(p)["h"] for p in saved["params"]]
+    states = {(e.name, e.slot): e.tensor.hash for e in last if e.kind == "state"}
+    assert len(states) == 3 * len(params)
+    assert ("cuda:0", "") in {(e.name, e.slot) for e in last if e.kind == "rng"}
+    assert [e.name for e in last if e.kind == "buffer"] == [
+        "1.running_mean",
+        "1.running_var",
+        "1.num_batches_tracked",
+    ]
+
+
+def test_a_window_records_ops_and_their_kernels_inside_it_only(tmp_path: Path) -> None:
+    """Ops of step 1 only, with their kernels; outside the window CUPTI is off, so no GPU
+    work is reported after the window's last op (as work no recorded op launched)."""
+    from opguard.store import Run
+
+    result = _run(
+        str(SCENARIOS / "steps_gpu.py"),
+        str(tmp_path / "run"),
+        "window",
+        str(tmp_path / "saved.pt"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    with Run(tmp_path / "run") as run:
+        trace = run.rank(0)
+        ops = list(trace.ops())
+        assert {op.step for op in ops} == {1}
+        assert any(op.kernels for op in ops)
+        assert not any(op.unclaimed_kernels for op in ops)
+        assert [s.step for s in trace.step_states()] == [0, 1, 2]

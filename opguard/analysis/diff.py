@@ -28,7 +28,15 @@ from .nonfinite import Nonfinite, NonfiniteWatch, resolve, same_in_both
 from .reach import ABSORBED_SHOWN, Absorbed, Reach
 from .roles import ORIGIN, Role, role_of
 from .state_diff import StateComparison, StepDivergence, compare_states, window_command
-from .steps import StepCount, add_to_ranges, count_steps, range_text
+from .steps import (
+    StepCount,
+    add_to_ranges,
+    compared_steps_note,
+    count_steps,
+    op_level_limits,
+    ops_held,
+    range_text,
+)
 
 UNALIGNED_EXAMPLES = 5
 STEP_CACHE = 4
@@ -275,12 +283,16 @@ def _diff_ops(trace_a: RankTrace, trace_b: RankTrace, step: int | None) -> RankD
     result.count_a, result.count_b = count_steps(trace_a), count_steps(trace_b)
     steps_a, steps_b = _steps(reader_a, step), _steps(reader_b, step)
     next_a, next_b = next(steps_a, None), next(steps_b, None)
+    # A run that kept ops of some steps only (--window, --keep-last) is compared on the steps
+    # both runs hold ops for, and one note says which.
+    limited = op_level_limits(trace_a.meta) or op_level_limits(trace_b.meta)
     compared = 0
     only: dict[str, list[list[int]]] = {"A": [], "B": []}  # steps with ops in one run only
     while next_a is not None and next_b is not None:
         (sa, ops_a), (sb, ops_b) = next_a, next_b
         if sa != sb:  # a step that has no ops on the other side
-            add_to_ranges(only["A" if sa < sb else "B"], min(sa, sb))
+            if not limited:  # else one note below says which steps were compared
+                add_to_ranges(only["A" if sa < sb else "B"], min(sa, sb))
             if sa < sb:
                 next_a = next(steps_a, None)
             else:
@@ -310,6 +322,8 @@ def _diff_ops(trace_a: RankTrace, trace_b: RankTrace, step: int | None) -> RankD
             continue
         for _ in remaining:  # this run goes on: read it to its end, for the NaN/Inf scan
             pass
+        if limited:
+            continue  # said below
         if mine.steps > theirs.steps:
             result.notes.append(
                 f"run {name} has {mine.steps - theirs.steps} more step(s) than run {other}; "
@@ -320,6 +334,8 @@ def _diff_ops(trace_a: RankTrace, trace_b: RankTrace, step: int | None) -> RankD
                 f"run {name} has {mine.ops_after} op(s) after its last step, run {other} none: "
                 "not compared"
             )
+    if limited:
+        result.notes.append(compared_steps_note(result.steps, trace_a, trace_b))
     if watches[0] is not None and watches[1] is not None:
         result.nonfinite_a = resolve(trace_a, watches[0])
         result.nonfinite_b = resolve(trace_b, watches[1])
@@ -528,6 +544,13 @@ def diff_runs(
         ]
         where = f"only in run {has[0]}" if len(has) == 1 else "in neither run"
         raise TraceError(f"step {step} was recorded {where}: nothing to compare")
+    if (op_level_limits(run_a.meta) or op_level_limits(run_b.meta)) and not any(
+        r.steps for r in results
+    ):
+        trace_a, trace_b = run_a.rank(ranks[0]), run_b.rank(ranks[0])
+        if not (trace_a.has_steps and trace_b.has_steps):  # else their step-level records
+            held = ops_held(trace_a, trace_b)
+            raise TraceError(f"the runs hold ops of no common step ({held}): nothing to compare")
     for r in results:
         if r.aligned == 0 and r.only_a and r.only_b:
             # No first difference to name when nothing corresponds: not "identical" either.

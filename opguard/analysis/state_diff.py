@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..store import RankTrace, TraceError
-from ..store.states import KIND_ORDER, StateEntry, StepState, comparable_entries
+from ..store.states import KIND_ORDER, StateEntry, StepState, comparable_entries, expand_step
 from .divergence import content_of
 from .steps import add_to_ranges, range_text
 
@@ -281,8 +281,8 @@ def _alike(raw_a: bytes, raw_b: bytes, rename: list[int] | None) -> bool:
     """Whether two step records whose bytes differ hold equal states all the same, as far as
     a quick look tells (stats apart, names mapped); False sends the step to :func:`_judge`."""
     contents = _step_contents or comparable_entries
-    content_a = contents(raw_a)
-    return content_a is not None and content_a == contents(raw_b, rename)
+    content_a = contents(expand_step(raw_a))  # the recorder stores entries compressed
+    return content_a is not None and content_a == contents(expand_step(raw_b), rename)
 
 
 def _native_step_contents() -> Any:

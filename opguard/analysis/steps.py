@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..store import RankTrace
 
@@ -43,6 +44,48 @@ def describe_runs(a: StepCount, b: StepCount) -> str:
     if a == b:
         return f"both runs: {a.describe()}"
     return f"run A: {a.describe()}; run B: {b.describe()}"
+
+
+def op_level_limits(meta: Mapping[str, Any]) -> str:
+    """Which steps a run that recorded ops kept them of, as recorded (``--window 5:7``,
+    ``--keep-last 20``), or '' when it kept them all."""
+    window, keep_last = meta.get("window"), meta.get("keep_last")
+    limits = []
+    if isinstance(window, list) and len(window) == 2:
+        limits.append(f"--window {window[0]}:{window[1]}")
+    if isinstance(keep_last, int) and not isinstance(keep_last, bool):
+        limits.append(f"--keep-last {keep_last}")
+    return ", ".join(limits)
+
+
+def _step_numbers(steps: Sequence[int]) -> str:
+    """``5``, ``5 to 7`` (consecutive), else ``5, 7, 9``."""
+    if len(steps) == 1:
+        return str(steps[0])
+    if list(steps) == list(range(steps[0], steps[-1] + 1)):
+        return f"{steps[0]} to {steps[-1]}"
+    return ", ".join(map(str, steps))
+
+
+def ops_held(trace_a: RankTrace, trace_b: RankTrace) -> str:
+    """The steps each run holds ops of, and why when it kept some only: ``run A: steps 0 to
+    99; run B: steps 5 to 6 (--window 5:7)``."""
+    held = []
+    for name, trace in (("A", trace_a), ("B", trace_b)):
+        first, last = trace.first_op(), trace.last_op()
+        span = f"steps {first[1]} to {last[1]}" if first and last else "no ops"
+        limits = op_level_limits(trace.meta)
+        held.append(f"run {name}: {span}" + (f" ({limits})" if limits else ""))
+    return "; ".join(held)
+
+
+def compared_steps_note(compared: Sequence[Any], trace_a: RankTrace, trace_b: RankTrace) -> str:
+    """What a diff of runs that kept ops of some steps only compared: ``op level: compared
+    steps 5 to 6, the steps both runs hold ops for (run A: …; run B: …)``. ``compared``: the
+    compared steps' summaries (their ``step``)."""
+    steps = [summary.step for summary in compared]
+    what = f"compared step(s) {_step_numbers(steps)}" if steps else "compared no step"
+    return f"op level: {what}, the steps both runs hold ops for ({ops_held(trace_a, trace_b)})"
 
 
 def _plural(n: int, noun: str) -> str:
@@ -73,12 +116,13 @@ def count_steps(trace: RankTrace, ops_per_step: Mapping[int, int] | None = None)
         steps = max(_steps_held(trace, max(ops_per_step)), recorded)
         return StepCount(steps, sum(n for step, n in ops_per_step.items() if step >= steps))
     last = trace.last_op()
-    if last is None:
+    first = trace.first_op()
+    if last is None or first is None:
         return StepCount(recorded)
     last_index, last_step = last
     steps = max(_steps_held(trace, last_step), recorded)
     end = last_index + 1
-    return StepCount(steps, end - _first_at_step(trace, steps, end))
+    return StepCount(steps, end - _first_at_step(trace, steps, first[0], end))
 
 
 def _steps_recorded(trace: RankTrace) -> int:
@@ -105,11 +149,12 @@ def _steps_held(trace: RankTrace, last_step: int) -> int:
     return max(0, last_step)
 
 
-def _first_at_step(trace: RankTrace, step: int, end: int) -> int:
-    """The first op index below ``end`` whose step is ``step`` or later (``end`` if none)."""
+def _first_at_step(trace: RankTrace, step: int, start: int, end: int) -> int:
+    """The first op index in ``[start, end)`` (the trace's ops) whose step is ``step`` or later
+    (``end`` if none)."""
     if step <= 0:
-        return 0
-    lo, hi = -1, end  # step_at(lo) < step <= step_at(hi), ends virtual
+        return start
+    lo, hi = start - 1, end  # step_at(lo) < step <= step_at(hi), ends virtual
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if _step_at(trace, mid) >= step:
@@ -137,22 +182,27 @@ class StepIndex:
 
     def __init__(self, trace: RankTrace) -> None:
         self._trace = trace
-        self.ranges = self._build(len(trace))
+        self.ranges = self._build()
         self._starts = [r.start for r in self.ranges]
         self._by_step = {r.step: r for r in self.ranges}
 
     def _step_at(self, index: int) -> float:
         return _step_at(self._trace, index)
 
-    def _build(self, count: int) -> list[StepRange]:
+    def _build(self) -> list[StepRange]:
+        """The steps' ranges over the trace's ops, which run without gaps from its first op
+        (op 0, unless the first steps' ops were dropped) to its last."""
+        first, last = self._trace.first_op(), self._trace.last_op()
+        if first is None or last is None:
+            return []
         ranges: list[StepRange] = []
-        start = 0
-        step = self._step_at(0) if count else math.inf
+        start, end = first[0], last[0] + 1
+        step: float = first[1]
         while step != math.inf:
             guess = start + (ranges[-1].stop - ranges[-1].start if ranges else 1)
-            stop = self._first_after(start, count, step, guess)
+            stop = self._first_after(start, end, step, guess)
             ranges.append(StepRange(int(step), start, stop))
-            start, step = stop, self._step_at(stop) if stop < count else math.inf
+            start, step = stop, self._step_at(stop) if stop < end else math.inf
         return ranges
 
     def _first_after(self, lo: int, hi: int, step: float, guess: int) -> int:

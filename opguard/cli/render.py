@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..analysis.steps import StepCount
+from ..analysis.steps import StepCount, op_level_limits
 from ..store import OpRecord
 
 # Recorded text (commands, paths, errors) is printed as it is: no emoji codes (":abc:" in a
@@ -49,7 +49,22 @@ def print_run_summary(path: str, meta: dict[str, Any], ranks: Sequence[dict[str,
             "finished" if r["finished"] else "[yellow]did not finish (killed or still recording)[/]"
         )
         steps = StepCount(r["steps"], r["ops_after_last_step"]).describe()
-        console.print(f"  rank {r['rank']}: {r['ops']} ops in {steps} ({phases}); {state}")
+        if r["ops"] or not r.get("step_records"):
+            console.print(f"  rank {r['rank']}: {r['ops']} ops in {steps} ({phases}); {state}")
+        else:
+            console.print(f"  rank {r['rank']}: no op-level records; {state}")
+        limits = op_level_limits(meta)
+        if r["ops"] and limits:
+            first, last = r.get("first_op", {"index": 0, "step": 0}), r["last_op"]
+            console.print(
+                f"    ops {first['index']} to {last['index']}: steps {first['step']} to "
+                f"{last['step']} ({escape(limits)})"
+            )
+        if r.get("step_records"):
+            held = r["step_records"]
+            console.print(
+                f"    step-level records: {held['count']} step(s), {held['first']} to {held['last']}"
+            )
         if r.get("partial"):
             console.print(f"    [yellow]partial trace: {escape(_partial_end(r))}[/]")
         if "recorder_failure" in r:

@@ -138,19 +138,19 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 class CompileSettings:
     """The torch settings a recording needs: compiled regions visible to the recorder, their
-    kernels' origins kept, and with ``eager`` Dynamo turned off (``opguard record --eager``).
-    Applied when the config modules are imported (now, if they already are), undone by
-    :meth:`restore`."""
+    kernels' origins kept (``regions``: not for a recording of no op, ``--steps-only``), and
+    with ``eager`` Dynamo turned off (``opguard record --eager``). Applied when the config
+    modules are imported (now, if they already are), undone by :meth:`restore`."""
 
-    def __init__(self, eager: bool) -> None:
-        self._wanted: dict[str, dict[str, Any]] = {
-            INDUCTOR_CONFIG: {
+    def __init__(self, eager: bool, regions: bool = True) -> None:
+        self._wanted: dict[str, dict[str, Any]] = {}
+        if regions:
+            self._wanted[INDUCTOR_CONFIG] = {
                 "wrap_inductor_compiled_regions": True,
                 PROVENANCE: PROVENANCE_BASIC,
                 **NO_CACHES[INDUCTOR_CONFIG],
-            },
-            FUNCTORCH_CONFIG: dict(NO_CACHES[FUNCTORCH_CONFIG]),
-        }
+            }
+            self._wanted[FUNCTORCH_CONFIG] = dict(NO_CACHES[FUNCTORCH_CONFIG])
         self._if_off = {PROVENANCE}  # set only where present and off: the user's choice stands
         if eager:
             self._wanted[DYNAMO_CONFIG] = {"disable": True}

@@ -53,6 +53,21 @@ class KernelActivity:
         that launch it are not recorded either)."""
         _C.cupti_watch_unclaimed(False)
 
+    @staticmethod
+    def pause() -> None:
+        """Collects nothing until :meth:`resume`: CUPTI's launch callbacks and activity records
+        are turned off (outside an op-level window, launches cost what they cost unrecorded)."""
+        _C.cupti_pause()
+
+    @staticmethod
+    def resume() -> None:
+        """Collects again after :meth:`pause`; says on stderr when CUPTI refuses."""
+        reason = _C.cupti_resume()
+        if reason:
+            print(
+                f"opguard: GPU kernels will not be recorded from here on: {reason}", file=sys.stderr
+            )
+
     @classmethod
     def start(cls) -> tuple[KernelActivity | None, str]:
         if not getattr(_C, "CUDA_BUILT", False):

@@ -107,7 +107,8 @@ class OpRecorder(TorchDispatchMode):
         self._in_flight = False
         self._kernels: KernelActivity | None = None
         self.capture: Capturer | None = None  # set by record --capture
-        self.active = True
+        self.active = True  # recording ops (False: passing them through, paused or stopped)
+        self.stopped = False  # for good: a failure, or the step limit
 
     # -- dispatch -------------------------------------------------------------------------
 
@@ -290,8 +291,24 @@ class OpRecorder(TorchDispatchMode):
     def stop(self) -> None:
         """Records no more ops; GPU work launched from now on is no longer reported either."""
         self.active = False
+        self.stopped = True
         if self.kernels is not None:
             self.kernels.stop_watching()
+
+    def pause(self) -> None:
+        """Records no op until :meth:`resume` (outside an op-level window), and has CUPTI
+        collect nothing meanwhile."""
+        self.active = False
+        if self.kernels is not None:
+            self.kernels.pause()
+
+    def resume(self) -> None:
+        """Records ops again after :meth:`pause`, unless recording stopped for good."""
+        if self.stopped:
+            return
+        self.active = True
+        if self.kernels is not None:
+            self.kernels.resume()
 
     def intern_name(self, name: str) -> int:
         return int(self._writer.intern_name(name))

@@ -23,6 +23,7 @@ from torch.optim.optimizer import (
 
 from .. import _C, __version__
 from ..capture_spec import DEFAULT_LIMIT, CaptureSpec, format_size
+from ..record_options import RecordOptions, Window
 from ..store import TraceError, TraceWriter, schema
 from ..store.environment import KEY as ENVIRONMENT
 from ..store.meta import read_meta, recorded_environment, write_meta
@@ -31,7 +32,9 @@ from .capture import Capturer
 from .environment import environment
 from .kernels import KernelActivity
 from .mode import OpRecorder, StepState, TraceWriteFailed, failure_info
+from .op_level import OpLevel
 from .ranks import distributed_info, env_rank, prepared_by_parent, wait_for_rank0
+from .step_records import StepRecorder
 from .termination import Terminated, catch_sigterm, die_of_sigterm, release_sigterm
 
 _active: RecordingSession | None = None
@@ -76,7 +79,9 @@ def _devices() -> list[str]:
 
 
 class RecordingSession:
-    """Records every op of this process into ``run_dir/rank-K`` until :meth:`close`."""
+    """Records this process into ``run_dir/rank-K`` until :meth:`close`: every op (or those
+    of a window of steps, or of the last steps only), and the training state at every step
+    boundary (``steps_only``: that alone)."""
 
     def __init__(
         self,
@@ -91,7 +96,20 @@ class RecordingSession:
         verify_inputs: bool = False,
         capture: CaptureSpec | None = None,
         capture_limit: int = DEFAULT_LIMIT,
+        steps_only: bool = False,
+        first_step: int = 0,
+        window: Window | None = None,
+        keep_last: int | None = None,
     ) -> None:
+        RecordOptions(
+            steps=steps,
+            verify_inputs=verify_inputs,
+            capture=capture,
+            steps_only=steps_only,
+            first_step=first_step,
+            window=window,
+            keep_last=keep_last,
+        ).check()
         self.run_dir = Path(run_dir)
         self.rank = env_rank() if rank is None else rank
         # The run directory (and meta.json) belong to whoever prepared it: opguard record
@@ -103,6 +121,14 @@ class RecordingSession:
         self.command = command or [sys.executable, *sys.argv]
         self.failure: dict[str, Any] | None = None
         self.state = StepState()
+        self.steps_only = steps_only
+        self.first_step = first_step
+        self.window = window
+        self.keep_last = keep_last
+        self._op_level: OpLevel | None = None
+        self._step_records: StepRecorder | None = None
+        self._gc_threshold: tuple[int, ...] | None = None
+        self._renumber_refused = False
         self._overwrite = overwrite
         self.capture = capture
         self.capture_limit = capture_limit
@@ -112,7 +138,7 @@ class RecordingSession:
         self._stopped_reason: str | None = None
         self.eager = eager
         self.verify_inputs = verify_inputs
-        self._compile_settings = compiled.CompileSettings(eager)
+        self._compile_settings = compiled.CompileSettings(eager, regions=not steps_only)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -139,16 +165,30 @@ class RecordingSession:
             },
         )
         self.writer.put_info(ENVIRONMENT, self.meta[ENVIRONMENT])
+        self.state.step = self.first_step
+        self._step_records = StepRecorder(self.writer, self._on_step_failure)
+        self._step_records.start()
+        if not self.steps_only:
+            self._start_op_level()
+        self._hooks = [
+            register_optimizer_step_pre_hook(self._optimizer_pre),
+            register_optimizer_step_post_hook(self._optimizer_post),
+        ]
+        catch_sigterm()
+        self._compile_settings.apply()
+        if self._op_level is not None:
+            self._op_level.at_step(self.state.step)
+        _active = self
+        return self
+
+    def _start_op_level(self) -> None:
+        """The op recorder, its GPU activity collection and the settings it runs best with."""
         self._recorder = OpRecorder(self.writer, self.state, self._on_failure)
         self._recorder.verify_inputs = self.verify_inputs
         if self.capture is not None:
             self._capturer = Capturer(self.capture, self.capture_limit, self.writer)
             self._recorder.capture = self._capturer
         self._start_gpu_activity()
-        self._hooks = [
-            register_optimizer_step_pre_hook(self._optimizer_pre),
-            register_optimizer_step_post_hook(self._optimizer_post),
-        ]
         # The heap that exists now (model, libraries) is moved out of the cyclic collector's
         # view while recording: the recorder allocates a few small objects per op, and full
         # collections scanning the whole heap for them cost a third of its time. Numerics are
@@ -162,13 +202,8 @@ class RecordingSession:
         gc.set_threshold(
             max(self._gc_threshold[0], RECORDING_GC_THRESHOLD), *self._gc_threshold[1:]
         )
-        catch_sigterm()
         compiled.register(OpRecorder)
-        compiled.attach(self._recorder)
-        self._compile_settings.apply()
-        self._recorder.__enter__()
-        _active = self
-        return self
+        self._op_level = OpLevel(self._recorder, self.writer, self.window, self.keep_last)
 
     def close(
         self, status: str = "finished", exit_code: int | None = None, error: str | None = None
@@ -176,20 +211,25 @@ class RecordingSession:
         """Ends the recording: flushes the trace and writes how it ended. After a SIGTERM
         (status ``terminated``) the process then dies of it, as it would have unrecorded."""
         global _active
-        if self._recorder is None:
+        if self._step_records is None:
             return
+        step_records, self._step_records = self._step_records, None
+        step_records.close()
         recorder, self._recorder = self._recorder, None
-        recorder.__exit__(None, None, None)
+        if self._op_level is not None:
+            self._op_level.close()
         release_sigterm()
         compiled.attach(None)
         self._compile_settings.restore()
-        gc.set_threshold(*self._gc_threshold)
-        gc.unfreeze()
+        if self._gc_threshold is not None:
+            gc.set_threshold(*self._gc_threshold)
+            gc.unfreeze()
         self._note_distributed()
         if self._distributed is not None:
             self.writer.put_info("distributed", self._distributed)
         # Settings the script made after recording started, and the packages of its call sites.
-        self.meta[ENVIRONMENT] = environment(recorder.call_site_files())
+        files = recorder.call_site_files() if recorder is not None else set()
+        self.meta[ENVIRONMENT] = environment(files)
         self.writer.put_info(ENVIRONMENT, self.meta[ENVIRONMENT])
         if self._capturer is not None:
             self._report_capture(self._capturer)
@@ -198,9 +238,10 @@ class RecordingSession:
         _active = None
         if self._stopped_reason is not None and status == "finished":
             status = "stopped"
+        ops = recorder.next_index if recorder is not None else 0
         end = {
             "status": status,
-            "ops": recorder.next_index,
+            "ops": ops,
             "steps": self.state.step,
             "exit_code": exit_code,
             "error": error,
@@ -208,7 +249,7 @@ class RecordingSession:
         }
         write_error = self.writer.close(end)
         if write_error is not None and self.failure is None:  # the last batch failed
-            self._on_failure(recorder.next_index, TraceWriteFailed(self.writer.failure_message()))
+            self._on_failure(ops, TraceWriteFailed(self.writer.failure_message()))
         if self._owns_meta:
             self._finish_meta(end)
         if status == TERMINATED:
@@ -298,10 +339,40 @@ class RecordingSession:
     # -- steps ----------------------------------------------------------------------------
 
     def end_step(self) -> None:
+        """The step in progress ended: its step-level record is written, the next begins."""
         self._note_distributed()
+        if self._step_records is not None:
+            self._step_records.end_step(self.state.step)
         self.state.step += 1
         if self._recorder is not None:
             self._recorder.forget_step()
+        if self._op_level is not None:
+            self._op_level.step_ended(self._recorder.next_index if self._recorder else 0)
+        self._step_changed()
+
+    def set_step(self, step: int) -> None:
+        """The step now starting is number ``step`` (``opguard.step(n)``: a script resumed
+        from a checkpoint). Numbers only grow along a trace: going back is refused, with one
+        line on stderr, and the numbering goes on as it was."""
+        if step == self.state.step:
+            return
+        if step < self.state.step:
+            if not self._renumber_refused:
+                self._renumber_refused = True
+                print(
+                    f"opguard: opguard.step({step}) ignored: step {self.state.step} has begun "
+                    "and step numbers only grow along a recording",
+                    file=sys.stderr,
+                )
+            return
+        self.state.step = step
+        self._step_changed()
+
+    def _step_changed(self) -> None:
+        """A new step number: op-level recording follows the window; the step limit ends the
+        recording (and with ``opguard record``, the run)."""
+        if self._op_level is not None:
+            self._op_level.at_step(self.state.step)
         if self.steps_limit is not None and self.state.step >= self.steps_limit:
             self._stop_recording(f"step limit {self.steps_limit} reached")
             if self.exit_after_steps:
@@ -309,17 +380,36 @@ class RecordingSession:
 
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.state.in_optimizer = True
+        if self._step_records is not None:
+            self._step_records.gradients(optimizer)
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.state.in_optimizer = False
+        if self._step_records is not None:
+            self._step_records.updated(optimizer)
         self.end_step()
 
     def _stop_recording(self, reason: str) -> None:
+        if self._stopped_reason is not None:
+            return
         self._stopped_reason = reason
         if self._recorder is not None:
             self._recorder.stop()
+        if self._step_records is not None:
+            self._step_records.stop()
 
     # -- failures -------------------------------------------------------------------------
+
+    def _on_step_failure(self, exc: BaseException) -> None:
+        """Step-level recording failed: it stops (ops go on being recorded, the training
+        goes on), and the trace and stderr say where."""
+        failure = {"at_step": self.state.step, "error": f"{type(exc).__name__}: {exc}"}
+        self.writer.put_info("step_failure", failure)
+        print(
+            f"opguard: step-level recording stopped at step {self.state.step}: "
+            f"{failure['error']} (training continues)",
+            file=sys.stderr,
+        )
 
     def _on_failure(self, index: int, exc: BaseException) -> None:
         self.failure = failure_info(index, exc)
@@ -350,6 +440,12 @@ class RecordingSession:
             "env": recorded_environment(),
             ENVIRONMENT: environment(),
             "steps_limit": self.steps_limit,
+            # which steps have op-level records (opguard record --steps-only, --window,
+            # --keep-last) and the first step's number (--first-step)
+            "steps_only": self.steps_only,
+            "window": list(self.window) if self.window is not None else None,
+            "keep_last": self.keep_last,
+            "first_step": self.first_step,
             # "disabled": recorded with torch.compile turned off (opguard record --eager)
             "torch_compile": "disabled" if self.eager else "enabled",
             "verify_inputs": self.verify_inputs,
@@ -373,18 +469,26 @@ def record(
     verify_inputs: bool = False,
     capture: str | None = None,
     capture_limit: int = DEFAULT_LIMIT,
+    steps_only: bool = False,
+    first_step: int = 0,
+    window: tuple[int, int] | None = None,
+    keep_last: int | None = None,
 ) -> RecordingSession:
-    """Records every op run inside the ``with`` block into ``run_dir``.
+    """Records every op run inside the ``with`` block into ``run_dir``, and the training state
+    at every step boundary.
 
-    ``steps`` stops recording (not the training) after that many optimizer steps. ``rank``
+    ``steps`` stops recording (not the training) when step ``steps`` is reached (steps are
+    numbered from ``first_step``, 0 by default, or as ``opguard.step(n)`` says). ``rank``
     (default: ``RANK`` from the environment) picks ``run_dir/rank-K``; in a job of several
     processes rank 0 prepares ``run_dir`` and the others wait for it. ``eager`` turns
     ``torch.compile`` off while recording (compiled functions run their Python code).
     ``verify_inputs`` fingerprints every input when it is read, so writes no recorded op made
-    show up (slower).
-    processes rank 0 prepares ``run_dir`` and the others wait for it. ``capture`` (a SPEC, see
-    :mod:`opguard.capture_spec`) also stores the full tensors of those ops, up to
-    ``capture_limit`` bytes per rank.
+    show up (slower). ``capture`` (a SPEC, see :mod:`opguard.capture_spec`) also stores the
+    full tensors of those ops, up to ``capture_limit`` bytes per rank.
+
+    Long runs: ``steps_only`` records no op, only the step-level state; ``window=(START,
+    STOP)`` records ops only in steps START to STOP-1; ``keep_last=N`` keeps the ops of the
+    last N completed steps only. Options that cannot go together raise ``ValueError``.
     """
     return RecordingSession(
         run_dir,
@@ -395,10 +499,23 @@ def record(
         verify_inputs=verify_inputs,
         capture=CaptureSpec.parse(capture) if capture is not None else None,
         capture_limit=capture_limit,
+        steps_only=steps_only,
+        first_step=first_step,
+        window=window,
+        keep_last=keep_last,
     )
 
 
-def step() -> None:
-    """Marks the end of a training step in custom loops that have no ``optimizer.step()``."""
-    if _active is not None:
+def step(n: int | None = None) -> None:
+    """Without ``n``: marks the end of a training step, in custom loops that have no
+    ``optimizer.step()``. With ``n``: the step now starting is number ``n`` (a script resumed
+    from a checkpoint at step ``n`` says so, and its steps then carry the original run's
+    numbers); no step ends."""
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+        raise ValueError(f"opguard.step(n) takes a step number (an int, 0 or more), not {n!r}")
+    if _active is None:
+        return
+    if n is None:
         _active.end_step()
+    else:
+        _active.set_step(n)

@@ -70,6 +70,19 @@ def fingerprint_fields(tensor: torch.Tensor) -> Fields | PendingFields:
     return _PROBE.fingerprint(tensor, HEAD_ELEMENTS)
 
 
+def fingerprint_all(tensors: list[torch.Tensor], labels: list[bytes]) -> _C.StateBatch:
+    """Fingerprints of many tensors at once, each with its step-level entry's label
+    (``_C.state_label``), GPU ones launched together on their devices' current streams: a
+    batch for ``_C.pack_entries`` (``csrc/state_record.h``)."""
+    return _C.fingerprint_all(_PROBE, tensors, labels, HEAD_ELEMENTS)
+
+
+def ring_load() -> float:
+    """The share of the GPU result rings holding fingerprints not collected yet (0 off the
+    GPU)."""
+    return float(_PROBE.ring_load())
+
+
 def returned_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
     """(slot, tensor) of every plain tensor an op returned, nested lists included, as the
     recorder lists its outputs (``csrc/op_plan.h``)."""

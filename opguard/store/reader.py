@@ -197,16 +197,31 @@ class RankTrace:
 
     def last_op(self) -> tuple[int, int] | None:
         """(index, step) of the last op on disk; None for an empty trace."""
+        return self._end_op(last=True)
+
+    def first_op(self) -> tuple[int, int] | None:
+        """(index, step) of the first op on disk: op 0, unless the recording kept only its
+        last steps' ops (``--keep-last``); None for an empty trace."""
+        return self._end_op(last=False)
+
+    def _end_op(self, last: bool) -> tuple[int, int] | None:
         try:
             with self._env.begin() as txn:
                 cursor = txn.cursor(db=self._dbs["ops"])
-                if not cursor.last():
+                if not (cursor.last() if last else cursor.first()):
                     return None
                 op = self.decode(_unpack(cursor.value()))
         except (lmdb.Error, DamagedRecord) as exc:
-            self.damage = f"last op unreadable: {exc}"
+            self.damage = f"{'last' if last else 'first'} op unreadable: {exc}"
             return None
         return op.index, op.step
+
+    def describe_ops(self) -> str:
+        """``has ops 0 to 462`` (``95 to 462`` when the first were dropped), ``has no ops``."""
+        first, last = self.first_op(), self.last_op()
+        if first is None or last is None:
+            return "has no ops"
+        return f"has ops {first[0]} to {last[0]}"
 
     def __len__(self) -> int:
         with self._env.begin() as txn:
@@ -246,6 +261,25 @@ class RankTrace:
                 return int(txn.stat(db)["entries"])
         except lmdb.Error:
             return 0
+
+    def step_span(self) -> tuple[int, int] | None:
+        """The numbers of the first and last steps with a step-level record (None: none)."""
+        db = self._dbs.get("steps")
+        if db is None:
+            return None
+        try:
+            with self._env.begin() as txn:
+                cursor = txn.cursor(db=db)
+                if not cursor.first():
+                    return None
+                first = cursor.key()
+                cursor.last()
+                keys = (first, cursor.key())
+        except lmdb.Error:
+            return None
+        if any(len(key) != schema.OP_KEY_SIZE for key in keys):
+            return None
+        return schema.op_index(bytes(keys[0])), schema.op_index(bytes(keys[1]))
 
     def step_states(self, start: int = 0) -> Iterator[StepState]:
         """Step-level records from step ``start`` on, in step order; reading ends at a
@@ -533,7 +567,7 @@ class RankTrace:
         except lmdb.Error as exc:
             raise TraceError(f"{self.path}: op {index} unreadable ({exc})") from None
         if raw is None:
-            raise TraceError(f"{self.path}: no op {index} (trace has {len(self)})")
+            raise TraceError(f"{self.path}: no op {index} ({self.describe_ops()})")
         return self.decode(_unpack(raw))
 
 

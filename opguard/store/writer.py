@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +41,15 @@ MAP_SIZE = 1 << 40
 Packer = Callable[[], Any]
 # A record the writer thread packs once its GPU fingerprints have landed (an opguard._C.OpRecord).
 Deferred = Any
+
+
+# Pages a transaction that drops ops may number beyond those its values fill (tree pages copied
+# on write, the free list), for which the file is grown before it runs (_cover_pages).
+DROP_PAGES = 64
+# The queue's marker for "delete the ops below this index" (drop_ops): not a database.
+_DROP = "drop"
+# Databases keyed by op index first (schema.op_key), whose entries go with their op.
+_PER_OP_DBS = ("ops", "kernels", "captures")
 
 
 # One msgpack Packer per thread: a Packer is not thread-safe, and building one costs as much as
@@ -100,6 +110,8 @@ class TraceWriter:
             readahead=False,
         )
         self._dbs = {name: self._env.open_db(name.encode()) for name in schema.DB_NAMES}
+        self._data_file = rank_dir / "data.mdb"
+        self._page_size = int(self._env.stat()["psize"])
         with self._env.begin(write=True) as txn:
             info = self._dbs["info"]
             txn.put(b"schema", msgpack.packb(schema.SCHEMA_VERSION), db=info)
@@ -132,6 +144,7 @@ class TraceWriter:
         # recorder's hook packs them natively, collecting their GPU results without the GIL.
         self.pack_deferred: Callable[[list[Deferred]], list[bytes]] | None = None
         self.records_written = 0
+        self.ops_floor = 0  # ops below it were dropped (drop_ops): the trace holds none of them
         self.bytes_written = 0
         self.busy_seconds = 0.0  # spent packing and committing: the writer's throughput
         self._thread = threading.Thread(target=self._run, name="opguard-writer", daemon=True)
@@ -219,13 +232,24 @@ class TraceWriter:
             return
         started = time.perf_counter()
         by_db: dict[str, list[tuple[bytes, bytes]]] = {}
+        floor = self.ops_floor
         for db, key, value in batch:
+            if db == _DROP:
+                floor = max(floor, value)
+                continue
             if db in ("ops", "kernels"):  # packed by append() or above, or by poll_kernels
                 by_db.setdefault(db, []).append((_key(key), value))
                 continue
             if callable(value):
                 value = value()
             by_db.setdefault(db, []).append((_key(key), packb(value)))
+        if floor > 0 and "kernels" in by_db:  # GPU activity of dropped ops, which comes late
+            below = schema.op_key(floor)
+            by_db["kernels"] = [item for item in by_db["kernels"] if item[0] >= below]
+        dropping = floor > self.ops_floor
+        if dropping:  # room for the pages this transaction may number (see _cover_pages)
+            size = sum(len(v) for items in by_db.values() for _, v in items)
+            self._cover_pages(2 * size // self._page_size + DROP_PAGES)
         while True:
             try:
                 with self._env.begin(write=True) as txn:
@@ -236,12 +260,40 @@ class TraceWriter:
                         with txn.cursor(db=self._dbs[db]) as cursor:
                             # steps may be renumbered (opguard.step(n)): no append there
                             cursor.putmulti(items, append=db not in ("info", "steps"))
+                    if dropping:
+                        self._delete_below(txn, schema.op_key(floor))
                 break
             except lmdb.MapFullError:
                 self._env.set_mapsize(self._env.info()["map_size"] * 2)
+        if dropping:
+            self._cover_pages(0)
+        self.ops_floor = floor
         self.records_written += len(by_db.get("ops", ()))
         self.bytes_written += sum(len(v) for items in by_db.values() for _, v in items)
         self.busy_seconds += time.perf_counter() - started
+
+    def _cover_pages(self, extra: int) -> None:
+        """Makes the file hold every page LMDB has numbered, and ``extra`` more. A transaction
+        that deletes can number a page, free it again and never write it; LMDB never reads such
+        a page, but a file shorter than its pages is what a truncated copy looks like, and
+        readers refuse it (:mod:`.pagecheck`). Grown before the transaction, the file holds its
+        pages from the moment it commits (and after it, should the room have been short)."""
+        needed = (int(self._env.info()["last_pgno"]) + 1 + extra) * self._page_size
+        with contextlib.suppress(OSError):
+            if self._data_file.stat().st_size < needed:
+                os.truncate(self._data_file, needed)
+
+    def _delete_below(self, txn: lmdb.Transaction, key: bytes) -> None:
+        """Deletes the ops whose keys sort below ``key``, with their GPU activity and captures.
+        LMDB reuses the freed pages for later writes, so a run that drops as it goes keeps its
+        file at about the size of what it holds."""
+        for db in _PER_OP_DBS:
+            with txn.cursor(db=self._dbs[db]) as cursor:
+                if not cursor.first():
+                    continue
+                while cursor.key() and bytes(cursor.key()) < key:
+                    if not cursor.delete():
+                        break
 
     def _put_kernels(self, txn: lmdb.Transaction, items: list[tuple[bytes, bytes]]) -> None:
         """Stores ops' GPU activity (keys in order). An op's activity can arrive over two
@@ -283,6 +335,12 @@ class TraceWriter:
         makes it on the writer thread (it may wait there for GPU fingerprints to land)."""
         self._put_later("steps", schema.op_key(step), value)
 
+    def drop_ops(self, below: int) -> None:
+        """Deletes ops ``0`` to ``below - 1`` (those still held, with their GPU activity and
+        captures) once everything queued before has been written: the flight recorder
+        (``opguard record --keep-last``) keeps the last steps' ops only."""
+        self._pending.append((_DROP, b"", below))
+
     def put_info(self, key: str, value: Any) -> None:
         """Writes an ``info`` entry with the next batch (e.g. a recorder failure)."""
         self._put_later("info", key.encode(), value)
@@ -290,8 +348,8 @@ class TraceWriter:
     def failure_message(self) -> str:
         """What a write error means for the trace, in one line."""
         held = (
-            f"it holds ops 0 to {self.records_written - 1}"
-            if self.records_written
+            f"it holds ops {self.ops_floor} to {self.records_written - 1}"
+            if self.records_written > self.ops_floor
             else "it holds no op"
         )
         return (

@@ -44,8 +44,7 @@ class Pair:
         if row is None:
             trace = self.trace(side)
             raise ToolError(
-                f"run {side.name} has no op {index} on rank {trace.rank} "
-                f"(ops 0 to {len(trace) - 1})"
+                f"run {side.name} has no op {index} on rank {trace.rank} (it {trace.describe_ops()})"
             )
         return row
 

@@ -38,9 +38,36 @@ TOOLS: tuple[Tool, ...] = (
             Param(
                 "steps",
                 "integer",
-                "record the first N optimizer steps, then stop",
+                "end the run at step N (steps count from 0 or first_step)",
                 "--steps",
                 minimum=1,
+            ),
+            Param(
+                "steps_only",
+                "boolean",
+                "step-level records only, no op (long runs)",
+                "--steps-only",
+                default=False,
+            ),
+            Param(
+                "window",
+                "string",
+                "START:STOP: ops of these steps only",
+                "--window",
+            ),
+            Param(
+                "keep_last",
+                "integer",
+                "keep the ops of the last N steps only",
+                "--keep-last",
+                minimum=1,
+            ),
+            Param(
+                "first_step",
+                "integer",
+                "number of the first step (a resumed run)",
+                "--first-step",
+                minimum=0,
             ),
             Param(
                 "python", "string", "interpreter to run under (OpGuard installed there)", "--python"

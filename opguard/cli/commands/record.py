@@ -1,4 +1,5 @@
-"""``opguard record -o RUN_DIR [--steps N] [--python PY] -- SCRIPT.py [ARGS…] | -m MODULE …``"""
+"""``opguard record -o RUN_DIR [--steps N] [--steps-only | --window START:STOP] [--keep-last N]
+[--first-step N] [--python PY] -- SCRIPT.py [ARGS…] | -m MODULE …``"""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ...capture_spec import DEFAULT_LIMIT, CaptureSpec, SpecError, parse_size
-from ...record_options import RecordOptions
+from ...record_options import OptionError, RecordOptions, parse_window
 from ...store import TraceError
 from .base import CommandError, call_tool, child_command, directory_name, print_json
 
@@ -25,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "record",
         help="run a training script and record every op into RUN_DIR",
         description="Runs SCRIPT (or -m MODULE) as __main__ with its own arguments, records "
-        "every op into RUN_DIR, and exits with the script's exit status.",
+        "every op and the training state at each step boundary into RUN_DIR (for long runs: "
+        "--steps-only, --window, --keep-last), and exits with the script's exit status.",
     )
     p.add_argument(
         "-o",
@@ -39,7 +41,34 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--steps",
         type=int,
         metavar="N",
-        help="record the first N optimizer steps, then end the run",
+        help="end the run when step N is reached: steps are numbered from 0 (or --first-step), "
+        "so a fresh run records its first N optimizer steps",
+    )
+    p.add_argument(
+        "--steps-only",
+        action="store_true",
+        help="record no op, only the training state at each step boundary (loss, gradients, "
+        "parameters, optimizer states, buffers, RNG): cheap enough for a whole long run",
+    )
+    p.add_argument(
+        "--window",
+        metavar="START:STOP",
+        help="record ops only in steps START to STOP-1 (step-level records everywhere)",
+    )
+    p.add_argument(
+        "--keep-last",
+        type=int,
+        metavar="N",
+        help="flight recorder: keep the ops of the last N completed steps only (step-level "
+        "records of all), so the trace stays bounded however long the run",
+    )
+    p.add_argument(
+        "--first-step",
+        type=int,
+        default=0,
+        metavar="N",
+        help="number the first step N (a script resumed from a checkpoint at step N), so its "
+        "steps line up with the original run's; the script may say it with opguard.step(N)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run in RUN_DIR")
     p.add_argument(
@@ -94,8 +123,6 @@ def run(args: argparse.Namespace) -> int:
         answer_ = call_tool("record", given)
         print_json(answer_)
         return int(answer_["exit_code"])
-    if args.steps is not None and args.steps < 1:
-        raise CommandError("--steps must be at least 1")
     options = _options(args)
     if args.python:
         return _run_elsewhere(args, options, target_args)
@@ -151,16 +178,22 @@ def _options(args: argparse.Namespace) -> RecordOptions:
     try:
         capture = CaptureSpec.parse(args.capture) if args.capture is not None else None
         capture_limit = parse_size(args.capture_limit)
-    except SpecError as exc:
+        options = RecordOptions(
+            steps=args.steps,
+            overwrite=args.overwrite,
+            eager=args.eager,
+            verify_inputs=args.verify_inputs,
+            capture=capture,
+            capture_limit=capture_limit,
+            steps_only=args.steps_only,
+            first_step=args.first_step,
+            window=parse_window(args.window) if args.window is not None else None,
+            keep_last=args.keep_last,
+        )
+        options.check()
+    except (SpecError, OptionError) as exc:
         raise CommandError(str(exc)) from None
-    return RecordOptions(
-        steps=args.steps,
-        overwrite=args.overwrite,
-        eager=args.eager,
-        verify_inputs=args.verify_inputs,
-        capture=capture,
-        capture_limit=capture_limit,
-    )
+    return options
 
 
 def _run_elsewhere(args: argparse.Namespace, options: RecordOptions, target_args: list[str]) -> int:

@@ -47,9 +47,14 @@ def rank_summary(trace: RankTrace) -> dict[str, Any]:
         "finished": trace.finished,
         "partial": trace.partial,
     }
-    last = trace.last_op()
+    first, last = trace.first_op(), trace.last_op()
+    if first is not None and first != (0, 0):  # ops of some steps only (--window, --keep-last)
+        summary["first_op"] = {"index": first[0], "step": first[1]}
     if last is not None:
         summary["last_op"] = {"index": last[0], "step": last[1]}
+    span = trace.step_span()
+    if span is not None:
+        summary["step_records"] = {"count": trace.step_count(), "first": span[0], "last": span[1]}
     if end:
         summary["end"] = end.get("status")
         if end.get("stopped"):
@@ -71,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         traces = [run_.rank(r) for r in ranks]
         if args.ops is not None:
             start, stop = parse_range(args.ops)
-            _check_selects(args.ops, start, traces)
+            _check_selects(args.ops, start, stop, traces)
             ops = {t.rank: list(t.ops(start, stop)) for t in traces}
             if args.json:
                 print_json({"ranks": {str(r): [o.to_json() for o in v] for r, v in ops.items()}})
@@ -91,15 +96,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_selects(text: str, start: int, traces: list[RankTrace]) -> None:
-    """Refuses an ``--ops`` range that starts past the last op of every rank shown: an empty
-    table would read as "no ops there" rather than "wrong range"."""
-    if any(start < len(t) for t in traces):
-        return
-    held = "; ".join(
-        f"rank {t.rank} has ops 0 to {len(t) - 1}" if len(t) else f"rank {t.rank} has no ops"
-        for t in traces
-    )
+def _check_selects(text: str, start: int, stop: int | None, traces: list[RankTrace]) -> None:
+    """Refuses an ``--ops`` range that holds no op of any rank shown: an empty table would read
+    as "no ops there" rather than "wrong range"."""
+    for t in traces:
+        first, last = t.first_op(), t.last_op()
+        if first and last and start <= last[0] and (stop is None or stop > first[0]):
+            return
+    held = "; ".join(f"rank {t.rank} {t.describe_ops()}" for t in traces)
     raise CommandError(f"--ops {text} selects no op: {held}")
 
 
@@ -131,5 +135,9 @@ def _meta_summary(meta: dict[str, Any]) -> dict[str, Any]:
         "error",
         "stopped",
         "recorder_failure",
+        "steps_only",
+        "window",
+        "keep_last",
+        "first_step",
     )
     return {k: meta[k] for k in keys if meta.get(k) is not None}
