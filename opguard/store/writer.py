@@ -210,7 +210,12 @@ class TraceWriter:
 
     def _packed(self, batch: list[QueuedItem]) -> list[QueuedItem]:
         """``batch`` with its deferred GPU records packed (waiting, without the GIL, for their
-        device results)."""
+        device results), step records included: their GPU fingerprints hold result-ring space,
+        which is handed back in launch order, so a step record left for the next write would
+        keep every later op's space too and stall the training thread on full rings."""
+        for k, (db, key, value) in enumerate(batch):
+            if db == "steps" and callable(value):
+                batch[k] = (db, key, value())
         deferred = [
             k for k, (db, _, value) in enumerate(batch) if db == "ops" and type(value) is not bytes
         ]
