@@ -253,10 +253,24 @@ def _package_copy(into: Path, *, built: bool) -> None:
         shutil.copy(_C.__file__, into / "opguard")
 
 
-def _python_without_site(*args: str, cwd: Path, path: list[Path]) -> subprocess.CompletedProcess:
+def _site_without_opguard(into: Path) -> Path:
+    """This environment's site-packages without OpGuard itself (links to everything else):
+    the libraries a checkout imports, and no installed OpGuard to defer to."""
+    into.mkdir()
+    for directory in map(Path, site.getsitepackages()):
+        for entry in directory.iterdir():
+            if "opguard" not in entry.name.lower() and not (into / entry.name).exists():
+                (into / entry.name).symlink_to(entry)
+    return into
+
+
+def _python_without_site(
+    *args: str, cwd: Path, path: list[Path], sites: list[str] | None = None
+) -> subprocess.CompletedProcess:
     """Python as a non-editable install leaves it, run from ``cwd``: ``path`` is all it adds
-    to ``sys.path`` after the working directory (no .pth file: no editable-install finder)."""
-    entries = [*map(str, path), *site.getsitepackages()]
+    to ``sys.path`` after the working directory, then ``sites`` (default: this environment's
+    site-packages; no .pth file: no editable-install finder)."""
+    entries = [*map(str, path), *(site.getsitepackages() if sites is None else sites)]
     return subprocess.run(
         [sys.executable, "-S", *args],
         cwd=cwd,
@@ -308,6 +322,7 @@ def test_an_uninstalled_source_tree_says_what_to_do(tmp_path: Path) -> None:
         str(tmp_path / "train.py"),
         cwd=checkout,
         path=[],
+        sites=[str(_site_without_opguard(tmp_path / "site-packages"))],
     )
     assert done.returncode == 2 and "should not run" not in done.stdout
     assert done.stderr.startswith("opguard: error: OpGuard's compiled part (opguard._C) is not")

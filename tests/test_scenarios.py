@@ -303,7 +303,7 @@ def test_unwritten_workspace_read_and_ignored_is_identical(runs: Recordings) -> 
     assert absorbed["op"] == "scenario::normalized.default" and absorbed["slots"] == ["1"]
     assert len(absorbed["readers"]) == 1  # scenario::peak, whose output agrees
     assert any(n.startswith("absorbed: scenario::normalized") for n in result["notes"])
-    assert [s["absorbed"] for s in rank["steps"][:4]] == [1, 1, 1, 1]
+    assert [a["step"] for a in rank["absorbed"]] == [0, 1, 2, 3]
 
 
 def test_absorbed_rows_are_marked_and_not_stepped_to(runs: Recordings) -> None:

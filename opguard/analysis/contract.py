@@ -141,10 +141,6 @@ def _states_json(states: StateComparison | None) -> dict[str, Any] | None:
         "records_b": states.records_b,
         "compared": states.compared,
         "first_differing_step": first.step if first else None,
-        "cause": first.cause if first else None,
-        "entry": first.first.label if first else None,
-        "steps_only_in_a": states.only_in_a,
-        "steps_only_in_b": states.only_in_b,
     }
 
 
@@ -209,7 +205,6 @@ def rank_json(r: RankDiff) -> dict[str, Any]:
                 "unaligned_a": s.only_a,
                 "unaligned_b": s.only_b,
                 "differing": s.differing,
-                "absorbed": s.absorbed,
             }
             for s in r.steps
         ],

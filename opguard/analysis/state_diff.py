@@ -207,9 +207,11 @@ class StateComparison:
         first = self.first
         if first is None:
             return f"{self.compared} steps compared, all equal"
-        cause = "" if first.cause == first.first.label else f"; {first.cause}"
+        # The entry's kind says its cause, except that parameters and optimizer states point
+        # at the update, with their gradients equal.
+        update = " (the optimizer's update)" if first.cause == CAUSE_OF_KIND["param"] else ""
         return (
-            f"first differ at step {first.step} ({first.first.label}{cause}), "
+            f"first differ at step {first.step} in {first.first.label}{update}, "
             f"{self.compared - 1} steps equal before it"
         )
 
