@@ -52,7 +52,7 @@ class HuntError(Exception):
 
 def target_words(text: str, option: str) -> list[str]:
     """``'train.py ARGS'`` or ``'-m module ARGS'`` (one shell-quoted string, as ``--a`` takes
-    it) as ``opguard record`` takes its target: ``-- train.py ARGS`` or ``-m module ARGS``."""
+    it) as ``opguard record`` takes its target: ``-- train.py ARGS`` or ``-m module -- ARGS``."""
     try:
         words = shlex.split(text)
     except ValueError as exc:
@@ -62,7 +62,8 @@ def target_words(text: str, option: str) -> list[str]:
     if words[0] == "-m":
         if len(words) < 2:
             raise HuntError(f"{option} {text!r}: -m needs a module")
-        return words
+        # after --, the module's own options are not taken for opguard record's
+        return [*words[:2], "--", *words[3 if words[2:3] == ["--"] else 2 :]]
     # A script, or a launcher opguard record knows (torchrun): refused now, not after the
     # other run's recording.
     if not (os.path.isfile(words[0]) or shutil.which(words[0])):

@@ -380,7 +380,8 @@ def test_the_second_pass_decides_whether_the_step_is_reproduced(tmp_path: Path) 
 
 def test_targets_are_what_opguard_record_takes(tmp_path: Path) -> None:
     assert target_words(f"{SCRIPT} --lr '3e-4 x'", "--a") == ["--", str(SCRIPT), "--lr", "3e-4 x"]
-    assert target_words("-m pkg.train --x 1", "--b") == ["-m", "pkg.train", "--x", "1"]
+    for module in ("-m pkg.train --x 1", "-m pkg.train -- --x 1"):
+        assert target_words(module, "--b") == ["-m", "pkg.train", "--", "--x", "1"]
     for text, said in (
         ("", "--a is empty"),
         ("'x", "No closing quotation"),
@@ -389,3 +390,25 @@ def test_targets_are_what_opguard_record_takes(tmp_path: Path) -> None:
     ):
         with pytest.raises(HuntError, match=said):
             target_words(text, "--a")
+
+
+def test_the_step_level_report_offers_the_hunt_only_for_what_it_can_record() -> None:
+    """``Next:`` gives the hunt of both runs' own commands (a module too); not for a run
+    recorded from code, or with a switch the hunt does not pass on."""
+    from opguard.analysis import RunDiff
+    from opguard.cli.diff_report import _hunt_command
+
+    def command(*args: str) -> dict[str, Any]:
+        return {"command": ["opguard", "record", "-o", "runs/x", *args]}
+
+    def offered(meta_b: dict[str, Any]) -> str | None:
+        a = command("--steps-only", "--", "train.py", "--lr", "3e-4")
+        return _hunt_command(RunDiff("runs/a", "runs/b", a, meta_b, []))
+
+    assert offered(command("-m", "pkg.train", "5")) == (
+        "opguard hunt -o runs/hunt --a 'train.py --lr 3e-4' --b '-m pkg.train 5'"
+    )
+    assert offered(command("--window", "5:6", "--", "t.py")) is not None  # the hunt's own
+    for switch in (["--eager"], ["--verify-inputs"], ["--first-step", "300"]):
+        assert offered(command(*switch, "--", "t.py")) is None, switch
+    assert offered({"command": ["python", "train.py"]}) is None  # opguard.record() in code

@@ -194,8 +194,8 @@ def print_state_divergence(div: StepDivergence, result: RunDiff) -> None:
     hunt = _hunt_command(result)
     if hunt:
         console.print(
-            f"  or in one command, both runs recorded again (step level, then the first differing step "
-            f"op by op):\n    {escape(hunt)}"
+            "  or in one command, both runs recorded again (step level, then the first "
+            f"differing step op by op):\n    {escape(hunt)}"
         )
 
 

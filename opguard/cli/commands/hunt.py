@@ -1,7 +1,7 @@
 """``opguard hunt -o DIR --a 'train_a.py ARGS' --b 'train_b.py ARGS' [--python PY]
-[--overwrite] [--json [--brief]]``: the two passes of :mod:`opguard.hunt`, then the op-level report (or,
-when the runs agree or the second pass does not reproduce, the last diff made), its first line
-saying how the step was found. Exit status as ``opguard diff``'s."""
+[--overwrite] [--json [--brief]]``: the two passes of :mod:`opguard.hunt`, then the report of
+the last diff made (the op-level one when there was a second pass), its first line saying how
+the step was found. Exit status as ``opguard diff``'s."""
 
 from __future__ import annotations
 
