@@ -2,10 +2,13 @@
 # Everything GPU in one device session: build the extension for Hopper, run the cuda tests,
 # then the GPU benchmarks, writing each output under $OUT (default ./gpu-out).
 #
-#   bash bench/gpu_session.sh [tests] [bench] [kernels] [ddp] [compile] [parts] [fixture]
-#                                        (default: all but parts and fixture)
+#   bash bench/gpu_session.sh [tests] [bench] [kernels] [ddp] [compile] [parts] [fixture] [long]
+#                                        (default: all but parts, fixture and long)
 #   fixture: records tests/data/cross_version/mlp.py with this machine's torch into
 #            $OUT/torch-X.Y (copy it to tests/data/cross_version/: the cross-version pair)
+#   long:    issue 28's targets (bench/long_runs.py: --steps-only, --window, step-level trace
+#            size, --keep-last 20 over 1,000 GPT-2 steps), then opguard hunt on a 200-step
+#            GPT-2 pair whose run B scales step 150's loss (tests/cuda_scenarios/gpt2_long.py)
 #   bash bench/gpu_session.sh build                                         (only build)
 #
 # On a machine without lmdb, put its wheel in .whl/ first (see docs/PERFORMANCE.md).
@@ -55,6 +58,19 @@ for part in $parts; do
       python3 -m opguard record -o "$OUT/torch-$version" --overwrite -- \
         "$ROOT/tests/data/cross_version/mlp.py" 2>&1 | tee "$OUT/fixture.txt"
       rm -f "$OUT/torch-$version"/rank-*/lock.mdb ;;
+    long)
+      python3 "$ROOT/bench/overhead.py" --rounds 3 --steps 5 --no-debugmode \
+        --json "$OUT/overhead_long.json" 2>&1 | grep -v Warning | tee "$OUT/overhead_long.txt"
+      python3 "$ROOT/bench/long_runs.py" --overhead "$OUT/overhead_long.json" \
+        --json "$OUT/long_runs.json" 2>&1 | grep -v Warning | tee "$OUT/long_runs.txt"
+      scenario="$ROOT/tests/cuda_scenarios/gpt2_long.py"
+      start=$(date +%s)
+      python3 -m opguard hunt -o "$OUT/hunt" --overwrite --a "$scenario" \
+        --b "$scenario --scale-at 150" > "$OUT/hunt.txt" 2>&1
+      echo "opguard hunt: exit $? in $(( $(date +%s) - start )) s (200 GPT-2 steps, twice)" \
+        | tee -a "$OUT/hunt.txt"
+      head -12 "$OUT/hunt.txt"
+      rm -rf "$OUT"/hunt/?-steps "$OUT"/hunt/?-window ;;  # ~35 MB of traces; the logs stay
     build) ;;  # the build above is all
     compile)
       python3 "$ROOT/bench/overhead.py" --compile --rounds 2 --steps 5 --no-debugmode \

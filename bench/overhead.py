@@ -4,12 +4,14 @@
 
 Two more modes explain the figure: ``passthrough``, a dispatch mode that only calls each op (the
 floor of any recorder built on a Python dispatch mode), and ``opguard-nokernels`` (kernel
-collection off, ``OPGUARD_KERNELS=0``). Two measure long runs (docs/LONG_RUNS.md):
-``opguard-steps`` records step-level records only (``opguard record --steps-only``), and
+collection off, ``OPGUARD_KERNELS=0``). Three measure long runs (docs/LONG_RUNS.md):
+``opguard-steps`` records step-level records only (``opguard record --steps-only``),
 ``opguard-window`` records with an op-level window that starts after the measured steps, so
-they show what a step outside a window costs. Each mode also reports its host time: how long the
-step takes to *return* before the final synchronise. A step whose host time approaches its step
-time is host-bound (the GPU waits for launches); otherwise the cost is GPU work.
+they show what a step outside a window costs, and ``opguard-window-inside`` with one that holds
+every measured step (a step inside a window, against full recording's). Each mode also reports
+its host time: how long the step takes to *return* before the final synchronise. A step whose
+host time approaches its step time is host-bound (the GPU waits for launches); otherwise the
+cost is GPU work.
 
 Modes are interleaved in rounds after a warm-up so clock and thermal drift hit all alike; each
 figure is the median step time. Prints a table and writes JSON next to it with --json PATH. On a
@@ -53,6 +55,7 @@ import opguard
 from opguard.store import Run
 
 OUTSIDE = (1_000_000, 1_000_001)  # an op-level window no benchmark session reaches
+INSIDE = (0, OUTSIDE[0])  # one that holds every step a benchmark session takes
 
 
 def distributed() -> bool:
@@ -201,6 +204,7 @@ def main() -> None:
         "opguard-steps": recorder("opguard-steps", steps_only=True),
         # op level from a step no session here reaches: every measured step is outside it
         "opguard-window": recorder("opguard-window", window=OUTSIDE),
+        "opguard-window-inside": recorder("opguard-window-inside", window=INSIDE),
     }
     if args.compile:
         del modes["passthrough"]

@@ -365,6 +365,8 @@ def _argument_cases(t: dict[str, Path], d: Path) -> dict[str, list[str]]:
     (d / "a-file").write_text("x\n")
     out = str(d / "out")
     huge = "99999999999999999999"  # past 64 bits
+    earlier = d / "earlier-hunt"  # holds a run directory of an earlier hunt
+    (earlier / "b-window").mkdir(parents=True)
     return {
         "unknown-command": ["frobnicate"],
         "unknown-option": ["diff", g, g2, "--frobnicate"],
@@ -435,6 +437,13 @@ def _argument_cases(t: dict[str, Path], d: Path) -> dict[str, list[str]]:
         "capture-negative-window": ["capture", g, lr, "--window", "-1"],
         "capture-bad-window": ["capture", g, lr, "--window", "x"],
         "capture-empty-output": ["capture", g, lr, "-o", "", out],
+        "hunt-no-b": ["hunt", "-o", out, "--a", str(script)],
+        "hunt-empty-output": ["hunt", "-o", "", "--a", str(script), "--b", str(script)],
+        "hunt-empty-a": ["hunt", "-o", out, "--a", " ", "--b", str(script)],
+        "hunt-unclosed-quote": ["hunt", "-o", out, "--a", f"{script} 'x", "--b", str(script)],
+        "hunt-missing-script": ["hunt", "-o", out, "--a", str(script), "--b", str(d / "nope.py")],
+        "hunt-module-alone": ["hunt", "-o", out, "--a", "-m ", "--b", str(script)],
+        "hunt-earlier-hunt": ["hunt", "-o", str(earlier), "--a", str(script), "--b", str(script)],
     }
 
 
@@ -553,6 +562,13 @@ def test_refusals_say_what_is_wrong(
     assert said("args/unknown-option").endswith("(see opguard diff --help)\n")
     for case in ("tensor-huge-op", "replay-huge-op", "source-huge-index", "kernels-huge-index"):
         assert "no op 99999999999999999999" in said(f"args/{case}"), case
+    assert "an empty name is not a directory" in said("args/hunt-empty-output")
+    assert "--a is empty" in said("args/hunt-empty-a")
+    assert "No closing quotation" in said("args/hunt-unclosed-quote")
+    assert "--b: " in said("args/hunt-missing-script") and "nope.py: no such script" in said(
+        "args/hunt-missing-script"
+    )
+    assert "earlier-hunt/b-window exists (an earlier hunt?)" in said("args/hunt-earlier-hunt")
 
 
 def test_readable_damage_is_reported_not_hidden(

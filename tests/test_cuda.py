@@ -487,3 +487,23 @@ def test_a_window_records_ops_and_their_kernels_inside_it_only(tmp_path: Path) -
         assert any(op.kernels for op in ops)
         assert not any(op.unclaimed_kernels for op in ops)
         assert [s.step for s in trace.step_states()] == [0, 1, 2]
+
+
+def test_hunt_finds_a_late_gpt2_difference_and_its_op(tmp_path: Path) -> None:
+    """200 GPT-2 small steps, run B's loss scaled by 1.0001 at step 150: ``opguard hunt``
+    names step 150 from the step-level records, records that step again op by op, and names
+    the scaling op and its line."""
+    pytest.importorskip("transformers")
+    script = SCENARIOS / "gpt2_long.py"
+    result = _run(
+        *("-m", "opguard", "hunt", "-o", str(tmp_path / "hunt"), "--json"),
+        *("--a", str(script), "--b", f"{script} --scale-at 150"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1, result.stderr
+    answer = json.loads(result.stdout)
+    assert (answer["step"], answer["rank"], answer["reproduced"]) == (150, 0, True)
+    assert answer["step_level"]["first_divergence"]["cause"] == "loss"
+    first = answer["op_level"]["first_divergence"]
+    assert first["step"] == 150 and first["a"]["op"] == "aten::mul.Tensor"
+    assert first["a"]["call_site"]["line"] == line_of(script, "scale")

@@ -20,7 +20,7 @@ import anyio
 import lmdb
 import msgpack
 import pytest
-from conftest import REPO, opguard_cmd, run_cli
+from conftest import REPO, line_of, opguard_cmd, run_cli
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.types import CallToolResult, TextContent
 from test_imports import cli_without
@@ -30,6 +30,7 @@ from opguard.tools import BY_NAME, MAX_CHARS, TOOLS, Pages
 from opguard.tools.registry import page_of
 
 DEMO = REPO / "opguard" / "demo"
+LONG = REPO / "tests" / "long_runs" / "train.py"  # a tiny model's run: seconds
 # Offline and without the user's agent settings: explain gives the evidence and the reading.
 ENV = {"OPGUARD_MODEL": "", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
@@ -99,6 +100,15 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
         {"output": "{TMP}/rec-{front}", "steps": 1, "script": str(DEMO / "train_baseline.py")},
     ),
     ("show", "show", {"run": "{A}"}),
+    (
+        "hunt",
+        "hunt",
+        {
+            "output": "{TMP}/hunt-{front}",
+            "a": f"{LONG} --steps 12",
+            "b": f"{LONG} --steps 12 --scale-at 7",
+        },
+    ),
     ("diff", "diff", {"run_a": "{A}", "run_b": "{B}", "offset": 0}),
     ("diff-page", "diff", {"run_a": "{A}", "run_b": "{B}", "offset": 1, "limit": 2}),
     ("ops", "ops", {"run_a": "{A}", "run_b": "{B}", "index": 175}),
@@ -151,6 +161,12 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
     ),
     ("not-a-run", "diff", {"run_a": "{A}", "run_b": str(DEMO)}, "not"),
     ("no-script", "record", {"output": "{TMP}/never"}, "needs a script"),
+    (
+        "hunt-no-script",
+        "hunt",
+        {"output": "{TMP}/never", "a": "{TMP}/missing.py", "b": str(LONG)},
+        "missing.py: no such script",
+    ),
     ("not-captured", "tensor", {"run_a": "{A}", "run_b": "{B}", "index": 175}, "was not captured"),
     ("replay-not-captured", "replay", {"run_a": "{A}", "index": 175}, "was not captured"),
     (
@@ -244,6 +260,8 @@ def test_cli_and_mcp_agree(
     assert len(text) <= MAX_CHARS
     if tool == "record":
         cli, structured = without_run_path(cli), without_run_path(structured)
+    if tool == "hunt":  # the same hunt, in another directory
+        cli = json.loads(json.dumps(cli).replace("hunt-cli", "hunt-mcp"))
     assert cli == structured
 
 
@@ -318,6 +336,15 @@ def test_answers_hold_the_facts(over_mcp: dict[str, Any], runs: dict[str, str]) 
     assert answer["nan"]["ranks"][0]["first_seen"]["op"] == "aten::masked_fill.Scalar"
     rec = answer["record"]
     assert rec["exit_code"] == 0 and rec["ranks"][0]["steps"] == 1 and rec["status"] == "stopped"
+    hunt = answer["hunt"]  # step 7's loss scaled in run B: the step, then the op
+    assert (hunt["schema"], hunt["step"], hunt["reproduced"]) == ("opguard.hunt/1", 7, True)
+    op = hunt["op_level"]["first_divergence"]
+    assert op["a"]["op"] == "aten::mul.Tensor" and op["a"]["call_site"]["line"] == line_of(
+        LONG, "scale"
+    )
+    assert hunt["step_level"]["first_divergence"]["cause"] == "loss"
+    assert set(hunt["op_level"]) == {"verdict", "first_divergence", "step_level", "notes"}
+    assert hunt["runs"]["a_window"].endswith("hunt-mcp/a-window")
 
 
 @pytest.mark.parametrize(("case", "tool", "arguments", "message"), BAD, ids=[b[0] for b in BAD])
@@ -375,7 +402,9 @@ def test_listing(runs: dict[str, str]) -> None:
         assert tool.usage() in text
     listed = json.loads(run_cli("tools", "--json").stdout)
     assert [t["name"] for t in listed["tools"]] == [t.name for t in TOOLS]
-    assert listed["tools"][3]["input_schema"]["required"] == ["run_a", "run_b", "index"]
+    schemas = {t["name"]: t["input_schema"] for t in listed["tools"]}
+    assert schemas["ops"]["required"] == ["run_a", "run_b", "index"]
+    assert schemas["hunt"]["required"] == ["output", "a", "b"]
 
 
 def test_usage_lines_parse(runs: dict[str, str]) -> None:

@@ -50,9 +50,14 @@ MEANING = {
 ENTRIES_SHOWN = 5  # differing entries and entries in one run only listed by name
 
 
+def window_switches(step: int) -> list[str]:
+    """The ``opguard record`` switches that record step ``step`` op by op and stop after it."""
+    return ["--window", f"{step}:{step + 1}", "--steps", str(step + 1)]
+
+
 def window_command(step: int) -> str:
     """The recording that shows step ``step`` op by op and stops after it."""
-    return f"opguard record --window {step}:{step + 1} --steps {step + 1}"
+    return " ".join(["opguard", "record", *window_switches(step)])
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ computing the same thing.
   opguard demo                              try it on the bundled example (CPU, seconds)
   opguard record -o runs/a -- train.py ...  record a run (then run B into runs/b)
   opguard diff runs/a runs/b                name the first op where they differ
+  opguard hunt -o DIR --a a.py --b b.py     long runs: the first differing step, then its op
   opguard COMMAND --help                    what a command does and its options"""
 
 

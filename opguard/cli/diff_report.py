@@ -3,6 +3,7 @@ source line, what differs and how (values and raw bits), and the alignment summa
 
 from __future__ import annotations
 
+import os
 import shlex
 from typing import Any
 
@@ -190,6 +191,12 @@ def print_state_divergence(div: StepDivergence, result: RunDiff) -> None:
         record = f"{window_command(div.step)} -o {shlex.quote(output)} {_target(meta, path)}"
         console.print(f"    {escape(record)}")
     console.print(f"    opguard diff {escape(shlex.join(outputs))}")
+    hunt = _hunt_command(result)
+    if hunt:
+        console.print(
+            "  or in one command, both runs recorded again (step level, then the first "
+            f"differing step op by op):\n    {escape(hunt)}"
+        )
 
 
 def _values(t: TensorRecord) -> str:
@@ -209,6 +216,31 @@ def _target(meta: dict[str, Any], path: str) -> str:
         return shlex.join(target_of(meta, path))
     except CommandError:
         return "-- SCRIPT ARGS"
+
+
+def _hunt_command(result: RunDiff) -> str | None:
+    """The ``opguard hunt`` that records both runs again as they were recorded, or None when a
+    run was not recorded by ``opguard record`` or was recorded with switches the hunt does not
+    take (``--eager``, ``--verify-inputs``, ``--first-step``)."""
+    from .commands.base import CommandError
+    from .commands.record import parse_recorded
+
+    targets = []
+    for meta in (result.meta_a, result.meta_b):
+        command = [str(c) for c in meta.get("command", [])]
+        if command[:2] != ["opguard", "record"]:
+            return None
+        try:
+            options, target = parse_recorded(command)
+        except CommandError:
+            return None
+        if options.eager or options.verify_inputs or options.first_step:
+            return None
+        targets.append(shlex.join(target[1:] if target[0] == "--" else target))
+    directory = shlex.quote(os.path.join(os.path.dirname(result.path_a.rstrip("/")), "hunt"))
+    return (
+        f"opguard hunt -o {directory} --a {shlex.quote(targets[0])} --b {shlex.quote(targets[1])}"
+    )
 
 
 def _counts_text(tensors: list[tuple[str, int, int]]) -> str:

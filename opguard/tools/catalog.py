@@ -126,6 +126,35 @@ TOOLS: tuple[Tool, ...] = (
         page=None,
     ),
     Tool(
+        "hunt",
+        "Long runs: record both at step level, find the first step whose state differs, record that step op by op in both and diff: the op and its line (runs both scripts twice).",
+        (
+            Param(
+                "output",
+                "string",
+                "hunt directory: the recordings and their logs",
+                "-o",
+                required=True,
+            ),
+            Param(
+                "a", "string", "run A: 'train.py ARGS' or '-m module ARGS'", "--a", required=True
+            ),
+            Param("b", "string", "run B, as run A", "--b", required=True),
+            Param(
+                "python", "string", "interpreter to run under (OpGuard installed there)", "--python"
+            ),
+            Param(
+                "overwrite",
+                "boolean",
+                "replace the run directories of an earlier hunt",
+                "--overwrite",
+                default=False,
+            ),
+        ),
+        "opguard.cli.commands.hunt:answer",
+        fixed=("--brief",),
+    ),
+    Tool(
         "ops",
         "Ops around an index in both runs, aligned: A and B index, equal/differing/only in one run, op, call site.",
         (
@@ -277,5 +306,6 @@ relative to the directory the command (or the MCP server) was started in.
 
 Start: record both runs (--steps 3 is usually enough), then diff. Its first_divergence names
 op indices a.index / b.index: look at them with op, the ops around them with ops, follow a
-differing input with producers, read the code with source.
+differing input with producers, read the code with source. Runs that part late (step 2,000):
+hunt finds the step cheaply, then records its ops; read its op_level like diff's answer.
 """

@@ -7,6 +7,7 @@ from . import (
     demo,
     diff,
     explain,
+    hunt,
     mcp,
     nan,
     queries,
@@ -19,6 +20,21 @@ from . import (
 )
 from .base import CommandError
 
-ALL = (record, show, diff, explain, demo, tui, capture, tensor, replay, nan, tools, queries, mcp)
+ALL = (
+    record,
+    show,
+    diff,
+    hunt,
+    explain,
+    demo,
+    tui,
+    capture,
+    tensor,
+    replay,
+    nan,
+    tools,
+    queries,
+    mcp,
+)
 
 __all__ = ["ALL", "CommandError"]
