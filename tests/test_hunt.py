@@ -141,11 +141,14 @@ def _ops_by_step(run: Path) -> dict[int, int]:
 
 
 def _assert_names_the_scale(first: dict[str, Any]) -> None:
-    """The op-level first divergence of the pair: step 311's ``* scale``, 1.0 against 1.0001."""
+    """The op-level first divergence of the pair: step 311's ``* scale``, 1.0 against 1.0001,
+    in the forward pass (the scaled loss is the step's state: the ``ones_like`` seeding the
+    backward pass reads only its size, so nothing absorbs it)."""
     assert (first["step"], first["kind"]) == (AT, "argument"), first["summary"]
     for side in ("a", "b"):
         op = first[side]
         assert op["op"] == "aten::mul.Tensor" and op["step"] == AT
+        assert op["phase"] == "forward"
         assert op["call_site"]["line"] == line_of(SCRIPT, "scale")
     assert first["arguments_differ"][0]["a"] == 1.0
     assert first["arguments_differ"][0]["b"] == pytest.approx(1.0001)

@@ -135,6 +135,31 @@ def test_forgotten_zero_grad(runs: Recordings) -> None:
     assert "step 0" in first["hint"]
 
 
+def test_brief_leaves_out_only_the_ops_given_twice(runs: Recordings) -> None:
+    """``--json --brief`` (the diff tool's answer) drops ``observed`` and the origin rank's
+    ``divergence`` only where they repeat the op named: without zero_grad, the optimizer that
+    first read the accumulated gradient is not the op named, so ``observed`` stays."""
+    a, b = runs("base", "no_zero_grad")
+    _, whole = diff(a, b)
+    _, brief = diff(a, b, "--brief")
+    assert brief["first_divergence"]["observed"] == whole["first_divergence"]["observed"]
+    assert whole["ranks"][0]["divergence"]["b"] == whole["first_divergence"]["b"]
+    assert "divergence" not in brief["ranks"][0]  # the origin rank's: the op named again
+    a, b = runs("base", "lr")
+    _, whole = diff(a, b)
+    _, brief = diff(a, b, "--brief")
+    first = whole["first_divergence"]
+    assert first["observed"] == {"a": first["a"], "b": first["b"]}  # the op named: a repeat
+    assert "observed" not in brief["first_divergence"]
+    assert "divergence" not in brief["ranks"][0]
+    rest = {k: v for k, v in first.items() if k != "observed"}
+    assert brief["first_divergence"] == rest
+    changed = ("first_divergence", "ranks", "nonfinite", "next")  # next: the page's cursor
+    assert {k: v for k, v in brief.items() if k not in changed} == {
+        k: v for k, v in whole.items() if k not in changed
+    }
+
+
 # -- 4. model.eval() by mistake ----------------------------------------------------------------------
 
 
@@ -304,6 +329,7 @@ def test_unwritten_workspace_read_and_ignored_is_identical(runs: Recordings) -> 
     assert len(absorbed["readers"]) == 1  # scenario::peak, whose output agrees
     assert any(n.startswith("absorbed: scenario::normalized") for n in result["notes"])
     assert [a["step"] for a in rank["absorbed"]] == [0, 1, 2, 3]
+    assert [s["absorbed"] for s in rank["steps"][:4]] == [1, 1, 1, 1]
 
 
 def test_absorbed_rows_are_marked_and_not_stepped_to(runs: Recordings) -> None:

@@ -266,6 +266,7 @@ def test_steps_recorded_in_one_run_only(tmp_path: Path) -> None:
     a = write_state_run(tmp_path / "a")
     b = write_state_run(tmp_path / "b", steps=range(4, 10))
     result = _diff_json(a, b, code=0)
+    assert result["ranks"][0]["step_level"]["steps_only_in_a"] == [[0, 3]]
     assert "steps 0-3: step-level records only in run A" in result["notes"]
     assert result["ranks"][0]["step_level"]["compared"] == 6
 

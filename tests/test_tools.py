@@ -25,6 +25,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.types import CallToolResult, TextContent
 from test_imports import cli_without
 
+from opguard.analysis.contract import brief_json
 from opguard.store import schema
 from opguard.tools import BY_NAME, MAX_CHARS, TOOLS, Pages
 from opguard.tools.registry import page_of
@@ -271,12 +272,15 @@ def test_every_tool_is_listed_and_tested(over_mcp: dict[str, Any]) -> None:
 
 
 def test_diff_tool_is_the_contract_with_pages(runs: dict[str, str]) -> None:
-    """``opguard diff --json`` is unchanged; the tool's answer is the same object with ``next``,
-    and its pages together hold every step."""
+    """``opguard diff --json`` is unchanged; the tool's answer is the same object with ``next``
+    (by default brief: without the ops given twice), and its pages together hold every step."""
     contract = json.loads(run_cli("diff", runs["A"], runs["B"], "--json").stdout)
-    _, whole, _ = cli_answer("diff", {"run_a": runs["A"], "run_b": runs["B"], "offset": 0})
+    pair = {"run_a": runs["A"], "run_b": runs["B"]}
+    _, whole, _ = cli_answer("diff", {**pair, "offset": 0, "brief": False})
     assert "next" not in contract and whole.pop("next") is None
     assert whole == contract
+    _, brief, _ = cli_answer("diff", pair)
+    assert brief.pop("next") is None and brief == brief_json(contract)
     steps, offset = [], 0
     while offset is not None:
         arguments = {"run_a": runs["A"], "run_b": runs["B"], "offset": offset, "limit": 2}

@@ -141,6 +141,10 @@ def _states_json(states: StateComparison | None) -> dict[str, Any] | None:
         "records_b": states.records_b,
         "compared": states.compared,
         "first_differing_step": first.step if first else None,
+        "cause": first.cause if first else None,
+        "entry": first.first.label if first else None,
+        "steps_only_in_a": states.only_in_a,
+        "steps_only_in_b": states.only_in_b,
     }
 
 
@@ -205,6 +209,7 @@ def rank_json(r: RankDiff) -> dict[str, Any]:
                 "unaligned_a": s.only_a,
                 "unaligned_b": s.only_b,
                 "differing": s.differing,
+                "absorbed": s.absorbed,
             }
             for s in r.steps
         ],
@@ -267,3 +272,48 @@ def to_json(result: RunDiff) -> dict[str, Any]:
         else None,
         "step_level": step_level_json(result),
     }
+
+
+def brief_json(whole: dict[str, Any]) -> dict[str, Any]:
+    """``opguard diff --json --brief`` (the diff tool's default answer): the object without the
+    ops it gives twice. ``first_divergence.observed``, the origin rank's ``divergence`` and a
+    non-finite ``first_seen`` are left out where they are the op beside them, so a missing key
+    reads "the same as that op"; nothing else changes."""
+    first = whole["first_divergence"]
+    out = {**whole}
+    if first is not None:
+        out["first_divergence"] = _without_repeat(
+            first, "observed", _same_ops(first["observed"], first)
+        )
+        out["ranks"] = [
+            _without_repeat(
+                r, "divergence", r["rank"] == first["rank"] and _same_ops(r["divergence"], first)
+            )
+            for r in whole["ranks"]
+        ]
+    if whole["nonfinite"] is not None:
+        out["nonfinite"] = {
+            side: [_without_repeat(n, "first_seen", _same_op(n, "origin")) for n in found]
+            if side != "same_in_both"
+            else found
+            for side, found in whole["nonfinite"].items()
+        }
+    return out
+
+
+def _without_repeat(obj: dict[str, Any], key: str, repeats: bool) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if k != key} if repeats else obj
+
+
+def _same_ops(pair: dict[str, Any] | None, first: dict[str, Any]) -> bool:
+    """``pair`` names the ops the first divergence's ``a`` and ``b`` do (the difference was
+    seen at the op named, not after an inserted or removed op that fed it)."""
+    return pair is not None and all(_index(pair[s]) == _index(first[s]) for s in ("a", "b"))
+
+
+def _same_op(n: dict[str, Any], other: str) -> bool:
+    return _index(n["first_seen"]) == _index(n[other])
+
+
+def _index(op: dict[str, Any] | None) -> int | None:
+    return None if op is None else op["index"]

@@ -121,7 +121,10 @@ class _Readers:
             ]
             if views:
                 self.views[position] = views
-            if len(views) == len(outputs) or names.get(raw.get("o", -1)) in CONTENT_FREE_OPS:
+            if (
+                len(views) == len(outputs)
+                or _overload_free(names.get(raw.get("o", -1))) in CONTENT_FREE_OPS
+            ):
                 self.not_reading.add(position)  # only views of it, or only its metadata
         self.scanned = last
 
@@ -143,6 +146,11 @@ class _Readers:
                 if position not in self.not_reading:
                     readers.add(position)
         return tainted, sorted(readers)
+
+
+def _overload_free(name: str | None) -> str | None:
+    """``aten::ones_like`` of ``aten::ones_like.default``: the op whatever its overload."""
+    return name.rsplit(".", 1)[0] if name is not None and "." in name.split("::")[-1] else name
 
 
 FIRST_LOOK = 64  # ops indexed past a difference before the first look for its readers

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis import diff_runs
-from ..analysis.contract import to_json
+from ..analysis.contract import brief_json, to_json
 from ..analysis.divergence import differing_arguments, differing_tensors
 from ..analysis.lookup import input_tensor, source_around
 from ..analysis.rows import RankRows, Row, Side
@@ -416,9 +416,12 @@ def kernels(args: dict[str, Any]) -> Pages:
 
 
 def diff(args: dict[str, Any]) -> Pages:
-    """The ``opguard.diff/1`` object; the per-step lists of its ranks are the pages."""
+    """The ``opguard.diff/1`` object (``brief``: without ops given twice); the per-step lists
+    of its ranks are the pages."""
     with _runs(args["run_a"], args["run_b"]) as (run_a, run_b):
         whole = to_json(diff_runs(run_a, run_b, rank=args["rank"], step=args["step"]))
+    if args["brief"]:
+        whole = brief_json(whole)
     steps = [r.pop("steps") for r in whole["ranks"]]
 
     def render(offset: int, limit: int) -> dict[str, Any]:

@@ -121,7 +121,20 @@ TOOLS: tuple[Tool, ...] = (
     Tool(
         "diff",
         "Compare two runs: verdict and the first divergence (op, call site, kind, cause, what differs), counts per step.",
-        (RUN_A, RUN_B, RANK, STEP),
+        (
+            RUN_A,
+            RUN_B,
+            RANK,
+            STEP,
+            Param(
+                "brief",
+                "boolean",
+                "leave out ops given twice (observed, the origin rank's divergence, "
+                "non-finite first_seen, where they are the op beside them)",
+                "--brief",
+                default=True,
+            ),
+        ),
         f"{ANSWERS}:diff",
         page=None,
     ),

@@ -191,6 +191,8 @@ class Tool:
         rest: list[str] = []
         for p in self.all_params:
             value = given.get(p.name)
+            if value is None and p.kind == "boolean":
+                value = p.default  # a flag on by default is on in the command line too
             if value is None or value is False:
                 continue
             values = [str(v) for v in value] if isinstance(value, list) else [str(value)]

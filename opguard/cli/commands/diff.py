@@ -1,4 +1,5 @@
-"""``opguard diff RUN_A RUN_B [--rank K] [--step S] [--json]``: exit 0 identical, 1 diverged."""
+"""``opguard diff RUN_A RUN_B [--rank K] [--step S] [--json [--brief] [--offset N] [--limit N]]``:
+exit 0 identical, 1 diverged."""
 
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rank", type=int, help="compare only this rank")
     p.add_argument("--step", type=int, help="compare only this step")
     p.add_argument("--json", action="store_true", help="print the opguard.diff/1 JSON object")
+    p.add_argument(
+        "--brief",
+        action="store_true",
+        help="with --json: leave out ops given twice (the diff tool's answer)",
+    )
     p.add_argument("--offset", type=int, metavar="N", help="with --json: steps from the Nth on")
     p.add_argument("--limit", type=int, metavar="N", help="with --json: at most N steps a rank")
     p.set_defaults(run=run)
@@ -31,9 +37,11 @@ def run(args: argparse.Namespace) -> int:
     paged = args.offset is not None or args.limit is not None
     if paged and not args.json:  # the report has no per-step list to page
         raise CommandError("--offset and --limit page the per-step lists of --json: add --json")
-    if paged:
-        # A page of the per-step lists, bounded in size: the diff tool's answer.
-        keys = ("run_a", "run_b", "rank", "step", "offset", "limit")
+    if args.brief and not args.json:
+        raise CommandError("--brief shortens the JSON object: add --json")
+    if paged or args.brief:
+        # Bounded in size, a page of the per-step lists: the diff tool's answer.
+        keys = ("run_a", "run_b", "rank", "step", "brief", "offset", "limit")
         answer = call_tool("diff", {k: getattr(args, k) for k in keys})
         print_json(answer)
         return 1 if answer.get("verdict") == "diverged" else 0
