@@ -47,6 +47,9 @@ LEVEL_BATCH = 1 << 16
 # A read fault maps the pages around it that are in the page cache, up to this many bytes
 # (Linux's fault-around): releasing what was read releases this much around it too.
 FAULT_AROUND = 1 << 16
+# Overflow values whose headers are read before the pages mapped around them are released: a
+# step-level record is an overflow value, one of a leaf page's few dozen.
+OVERFLOW_BATCH = 32
 _DONTNEED: int | None = getattr(mmap, "MADV_DONTNEED", None)  # None: no madvise here
 
 # Page flags.
@@ -316,12 +319,15 @@ class _Walker:
             )
         firsts = _gather(nodes.data, nodes.value[big], _PGNO_ARRAY).astype(np.int64)
         sizes = nodes.size[big]
-        for first_page, size in zip(firsts.tolist(), sizes.tolist(), strict=True):
-            self._overflow(first_page, size, name)
-        if firsts.size:  # read one header each, but the kernel mapped the pages around it
-            start = int(firsts.min()) * self.psize - FAULT_AROUND
-            end = int((firsts * self.psize + PAGE_HEADER + sizes).max()) + FAULT_AROUND
-            self._release(max(start, 0), end - max(start, 0))
+        for batch in range(0, firsts.size, OVERFLOW_BATCH):
+            these = slice(batch, batch + OVERFLOW_BATCH)
+            for first_page, size in zip(firsts[these].tolist(), sizes[these].tolist(), strict=True):
+                self._overflow(first_page, size, name)
+            # One header read each, but the kernel mapped the pages around it: released a
+            # batch at a time, as a window of the file would be.
+            start = int(firsts[these].min()) * self.psize - FAULT_AROUND
+            end = int((firsts[these] * self.psize + PAGE_HEADER + sizes[these]).max())
+            self._release(max(start, 0), end + FAULT_AROUND - max(start, 0))
         return int(nodes.size.size)
 
     def _overflow(self, pgno: int, dsize: int, name: str) -> None:
