@@ -51,9 +51,11 @@ class StateEntry:
     @property
     def label(self) -> str:
         """``grad transformer.h.3.mlp.c_fc.weight``, ``state transformer.wte.weight exp_avg``,
-        ``loss`` (a name that repeats the kind is said once)."""
+        ``loss`` (a name that repeats the kind is said once; a loss's slot counts the step's
+        ``backward()`` calls, said only from the second on: ``loss 1``)."""
         name = "" if self.name == self.kind else self.name
-        return " ".join(part for part in (self.kind, name, self.slot) if part)
+        slot = "" if self.name == self.kind and self.slot == "0" else self.slot
+        return " ".join(part for part in (self.kind, name, slot) if part)
 
     def to_json(self) -> dict[str, Any]:
         return {
