@@ -2,7 +2,7 @@
 (``first_divergence.likely_causes``), from the environment each run recorded, the kernels each
 op ran, PyTorch's nondeterministic ops and stream races.
 
-The traces here are written through the real :class:`TraceWriter` and ``write_meta``, shaped
+The traces here are written by tests/traces.py (the real :class:`TraceWriter`), shaped
 like the recorder's; kernel lists are handed over through ``poll_kernels`` as CUPTI's drain
 does (a GPU is needed only to record them, see ``tests/test_cuda.py``). Both runs:
 ``randn`` (op 0) → an op that makes its output from op 0's (op 1) → the op whose outputs differ
@@ -14,21 +14,19 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import pytest
 from conftest import cli_in_process, run_cli
+from traces import chain_run, kernel
 
 from opguard.agent.evidence import build_evidence
 from opguard.agent.metadata import differing_metadata
 from opguard.analysis import diff_runs
 from opguard.analysis.gpu_work import memory_writer
-from opguard.store import Run, TraceWriter, schema
+from opguard.store import Run
 from opguard.store.environment import environment_of
-from opguard.store.meta import write_meta
 
 GENERIC = "(nondeterministic kernel, race, different kernel or hardware fault)"
 
@@ -47,23 +45,8 @@ ENVIRONMENT: dict[str, Any] = {
 }
 
 
-def _tensor(slot: str, fingerprint: int, producer: int | None, device: str) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "n": slot,
-        "d": "float32",
-        "s": [64],
-        "t": [1],
-        "v": device,
-        "h": fingerprint,
-        "z": 256,
-    }
-    if producer is not None:
-        entry["p"] = [producer, 0]
-    return entry
-
-
 def _kernel(name: str, stream: int, start: int, end: int) -> dict[str, Any]:
-    return {"k": "kernel", "n": name, "s": stream, "d": 0, "t0": start, "t1": end}
+    return kernel(name, start, stream=stream, duration=end - start)
 
 
 def write_run(
@@ -79,28 +62,15 @@ def write_run(
 ) -> None:
     """One run of ``ops``: (name, producer of its input or None, output fingerprint), each
     reading the output of its producer with the fingerprint that producer wrote."""
-    path.mkdir(parents=True)
-    base = {"schema": schema.SCHEMA_VERSION, "command": ["test"], "status": "finished"}
-    if environment is not None:
-        base["environment"] = environment
-    write_meta(path, {**base, **(meta or {})})
-    writer = TraceWriter(path / "rank-0", start_info={"rank": 0})
-    batches: Iterator[list[tuple[int, bytes]]] = iter(
-        [[(op, msgpack.packb(k)) for op, k in sorted((kernels or {}).items())]]
+    chain_run(
+        path,
+        ops,
+        args=args,
+        device=device,
+        meta={**({"environment": environment} if environment is not None else {}), **(meta or {})},
+        kernels=[kernels] if kernels else [],
+        site=(site_file, 5, "main", "y = step(x)") if site_file else None,
     )
-    writer.poll_kernels = lambda final: next(batches, [])
-    file = site_file or str(path.parent / "train.py")
-    site = writer.intern_site("train", lambda: [file, 5, "main", [[5, "y = step(x)"]]])
-    written = {}
-    for index, (name, producer, output) in enumerate(ops):
-        inputs = [] if producer is None else [_tensor("self", written[producer], producer, device)]
-        record: dict[str, Any] = {"i": index, "o": writer.intern_name(name), "s": 0, "p": 0}
-        record.update(c=site, x=inputs, y=[_tensor("0", output, None, device)])
-        if args and index in args:
-            record["a"] = args[index]
-        writer.append(index, record)
-        written[index] = output
-    writer.close({"status": "finished"})
 
 
 def _cpu_pair(root: Path, env_a: dict[str, Any], env_b: dict[str, Any]) -> tuple[Path, Path]:

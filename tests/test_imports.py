@@ -1,5 +1,5 @@
-"""Layering, as DESIGN.md states it: a training job that records never pays for a front end
-(Textual, LiteLLM), and reading a trace (``opguard.store``, ``opguard show``) never imports torch.
+"""Layering, as docs/ARCHITECTURE.md states it: a training job that records never pays for a
+front end (Textual, LiteLLM), and reading a trace (``opguard.store``, ``opguard show``) never imports torch.
 
 Each check runs in a fresh interpreter with an import hook that refuses the forbidden packages
 and remembers every attempt, so a guarded ``try: import textual`` is caught as well as a plain

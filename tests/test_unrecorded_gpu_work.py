@@ -15,44 +15,25 @@ out.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import pytest
 from conftest import cli_in_process
+from traces import TraceBuilder, kernel, tensor
 
 from opguard.agent.evidence import build_evidence
 from opguard.analysis import diff_runs
-from opguard.store import Run, TraceWriter, schema
-from opguard.store.meta import write_meta
+from opguard.store import Run
 
 
 def _tensor(slot: str, fingerprint: int, producer: int | None) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "n": slot,
-        "d": "float32",
-        "s": [64],
-        "t": [1],
-        "v": "cuda:0",
-        "h": fingerprint,
-        "z": 256,
-    }
-    if producer is not None:
-        entry["p"] = [producer, 0]
-    return entry
+    return tensor(slot, fingerprint, producer, device="cuda:0")
 
 
 def _kernel(name: str, start: int, *, unrecorded: bool = False, kind: str = "kernel") -> dict:
-    entry: dict[str, Any] = {"k": kind, "n": name, "s": 7, "d": 0, "t0": start, "t1": start + 500}
-    if kind == "kernel":
-        entry["g"], entry["b"] = [4, 1, 1], [256, 1, 1]
-    else:
-        entry["z"] = 256
-    if unrecorded:
-        entry["u"] = 1
-    return entry
+    shape = {"g": [4, 1, 1], "b": [256, 1, 1]} if kind == "kernel" else {"z": 256}
+    return kernel(name, start, kind=kind, **shape, **({"u": 1} if unrecorded else {}))
 
 
 OWN = {
@@ -72,34 +53,20 @@ UNRECORDED_B = {
 }
 
 
-def _batches(unrecorded: dict[int, list[dict]]) -> Iterator[list[tuple[int, bytes]]]:
-    """What successive CUPTI drains hand the writer, each op's entries packed: the ops' own
-    kernels first, unrecorded work later (so the writer extends lists it already wrote)."""
-    for drained in (OWN, unrecorded):
-        yield [(op, msgpack.packb(kernels)) for op, kernels in sorted(drained.items())]
-
-
 def _write(path: Path, *, read_y: int, out: int, unrecorded: dict[int, list[dict]]) -> None:
     """One run: op 3 reads Y with fingerprint ``read_y`` (20 as written; anything else: an
-    input fingerprinted again when read, as with --verify-inputs) and outputs ``out``."""
-    path.mkdir(parents=True)
-    write_meta(path, {"schema": schema.SCHEMA_VERSION, "command": ["test"], "status": "finished"})
-    writer = TraceWriter(path / "rank-0", start_info={"rank": 0})
-    batches = _batches(unrecorded)
-    writer.poll_kernels = lambda final: next(batches, [])
-    site = writer.intern_site(
-        "train", lambda: [str(path.parent / "train.py"), 5, "main", [[5, "y = step(x)"]]]
-    )
+    input fingerprinted again when read, as with --verify-inputs) and outputs ``out``. What
+    successive CUPTI drains hand the writer: the ops' own kernels first, unrecorded work later
+    (so the writer extends lists it already wrote)."""
     ops = [
         ("aten::randn.default", [], 10),
         ("aten::mul.Tensor", [_tensor("self", 10, 0)], 20),
         ("aten::relu.default", [_tensor("self", 20, 1)], 30),
         ("aten::addmm.default", [_tensor("self", read_y, 1)], out),
     ]
-    for index, (name, inputs, output) in enumerate(ops):
-        record = {"i": index, "o": writer.intern_name(name), "s": 0, "p": 0, "c": site}
-        writer.append(index, {**record, "x": inputs, "y": [_tensor("0", output, None)]})
-    writer.close({"status": "finished"})
+    with TraceBuilder(path, kernels=[OWN, unrecorded]) as run:
+        for name, inputs, output in ops:
+            run.op(name, inputs, [_tensor("0", output, None)])
 
 
 @pytest.fixture(scope="module")

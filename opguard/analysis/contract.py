@@ -1,7 +1,7 @@
 """The ``opguard diff --json`` object (schema ``opguard.diff/1``).
 
-The keys DESIGN.md lists are a promise to scripts: never removed or renamed. More keys may be
-added; everything beyond the contract is documented in README.md.
+Its specification is docs/json-contract.md: every key written here is named there, and is a
+promise to scripts (never removed or renamed; more keys may be added).
 """
 
 from __future__ import annotations

@@ -60,6 +60,19 @@ def _missing_extension() -> str | None:
     )
 
 
+def _needs_torch(exc: ImportError, command: str | None) -> str | None:
+    """What to do when a command that runs PyTorch (record, demo, replay) finds no torch: an
+    analysis install reads traces without it, recording needs the training environment's."""
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    if missing is None or missing.split(".")[0] != "torch":
+        return None
+    return (
+        f"opguard {command} runs PyTorch, which this environment does not have: run it where "
+        "the training runs (OpGuard installed beside its torch), or name that interpreter with "
+        "opguard record --python PY"
+    )
+
+
 def _version() -> str:
     from .. import __version__
 
@@ -69,10 +82,12 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    command: str | None = None
     try:
         # Unknown options are reported by the top-level parser, which would point to `opguard
         # --help`: the command's own help is where its options are.
         args, unknown = parser.parse_known_args(argv)
+        command = args.command
         if unknown:
             where = f"opguard {args.command}" if args.command else "opguard"
             raise UsageError(f"unrecognized arguments: {' '.join(unknown)} (see {where} --help)")
@@ -84,8 +99,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (UsageError, TraceError, commands.CommandError) as exc:
         print(f"opguard: error: {exc}", file=sys.stderr)
         code = 2
-    except ImportError:
-        missing = _missing_extension()
+    except ImportError as exc:
+        missing = _needs_torch(exc, command) or _missing_extension()
         if missing is None:
             raise
         print(f"opguard: error: {missing}", file=sys.stderr)

@@ -1,0 +1,72 @@
+"""The documentation a user reads holds: every relative link in README.md and docs/ resolves,
+the README stays a first-time user's page, and every key ``opguard diff --json`` writes is
+specified in docs/json-contract.md."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from traces import chain_run
+
+from opguard.analysis import diff_runs
+from opguard.analysis.contract import to_json
+from opguard.store import Run
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+README_LIMIT = 12 * 1024  # bytes: what a first-time user reads; the manual is in docs/
+
+# Keys whose values are free-form (argument values, kernel entries as CUPTI gives them, maps
+# keyed by data): their insides are not keys of the contract.
+FREE_FORM = {"kernels", "by_kind", "group"}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_relative_links_resolve(page: Path) -> None:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # links in code are text
+    broken = [
+        target
+        for target in LINK.findall(text)
+        if not re.match(r"[a-z]+:", target)
+        and not target.startswith("#")
+        and not (page.parent / target.split("#")[0]).exists()
+    ]
+    assert not broken, f"{page.name}: links to missing files: {broken}"
+
+
+def test_the_readme_is_short() -> None:
+    assert len((ROOT / "README.md").read_bytes()) < README_LIMIT
+
+
+def _keys(value: Any, into: set[str]) -> set[str]:
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            into.add(key)
+            if key not in FREE_FORM and key != "arguments_differ":
+                _keys(inner, into)
+            elif key == "arguments_differ":
+                for argument in inner:
+                    into.update(argument)  # its a and b are the arguments' own values
+    elif isinstance(value, list):
+        for inner in value:
+            _keys(inner, into)
+    return into
+
+
+def test_every_key_the_diff_writes_is_specified(tmp_path: Path) -> None:
+    base = [("aten::randn.default", None, 10), ("aten::mm.default", 0, 20)]
+    a = [*base, ("aten::gelu.default", 1, 30)]
+    b = [*base, ("aten::div.Tensor", 1, 21), ("aten::gelu.default", 2, 31)]  # inserted
+    args = {2: [["approximate", "none"]]}
+    run_a, run_b = chain_run(tmp_path / "a", a, args=args), chain_run(tmp_path / "b", b)
+    with Run(run_a) as one, Run(run_b) as other:
+        written = _keys(to_json(diff_runs(one, other)), set())
+    spec = (ROOT / "docs" / "json-contract.md").read_text()
+    named = set(re.findall(r'`"?([a-z_]+)"?', spec)) | set(re.findall(r'"([a-z_]+)"', spec))
+    assert written - named == set(), (
+        "keys opguard diff --json writes that docs/json-contract.md does not specify"
+    )
