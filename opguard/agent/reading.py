@@ -14,7 +14,7 @@ from ..analysis import Divergence, TensorDiff
 from ..analysis.causes import ENVIRONMENT, STREAM_RACE
 from ..analysis.gpu_work import kernel_names
 from ..analysis.state_diff import StepDivergence
-from .describe import number, op_line, value_text
+from ..analysis.text import number, op_line, value_text
 from .metadata import MetaDiff
 
 # Machine epsilon per floating dtype: differences within a few ulps are rounding, not a bug.

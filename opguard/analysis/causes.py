@@ -41,7 +41,8 @@ from ..store.environment import (
     SETTING,
     Environment,
 )
-from .gpu_work import StreamRace, kernel_names, short_kernel_name, short_op_name
+from .gpu_work import StreamRace, kernel_names, short_op_name
+from .text import short_kernel_name
 
 if TYPE_CHECKING:
     from .divergence import Divergence
@@ -405,7 +406,9 @@ def likely_causes(
     the hint naming GPU work no recorded op launched before an origin, or ''."""
     found = []
     if race is not None:
-        found.append(LikelyCause(STREAM_RACE, race.sentence(), f"run {race.run}: {race.times()}"))
+        found.append(
+            LikelyCause(STREAM_RACE, race.sentence(), f"run {race.run.name}: {race.times()}")
+        )
     if div.cause == "unrecorded-write" and div.chain:
         link = div.chain[-1]
         found.append(
