@@ -399,8 +399,8 @@ def test_triton_kernels_recorded_with_their_gpu_launches(tmp_path: Path) -> None
         assert proc.returncode == 0, err
     kernels = [op for op in ops_of(tmp_path / "relu") if op.op.startswith("inductor::triton_")]
     assert kernels, "no Triton kernel recorded"
-    launched = [k for op in kernels for k in op.kernels if k.get("k") == "kernel"]
-    assert launched and any(k["n"].startswith("triton_") for k in launched)
+    launched = [k for op in kernels for k in op.kernels if k.kind == "kernel"]
+    assert launched and any(k.name.startswith("triton_") for k in launched)
     assert all(op.origins for op in kernels)  # Triton kernels name their lines too
     first = diverged(*diff(tmp_path / "relu", tmp_path / "gelu"))
     assert first["cause"] == "replaced"

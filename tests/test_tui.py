@@ -28,6 +28,7 @@ from opguard.analysis.rows import OpLine, Row, Side, Status
 from opguard.analysis.steps import StepIndex
 from opguard.store import (
     CallSite,
+    KernelEntry,
     OpRecord,
     Run,
     TensorRecord,
@@ -373,15 +374,17 @@ def test_rows_and_loss_of_written_runs(written: tuple[str, str]) -> None:
 
 def test_detail_shows_kernels_defaults_and_differing_values() -> None:
     site = CallSite("/w/train.py", 3, "main", ((3, "y = torch.mm(a, b)"),))
-    kernel = {
-        "k": "kernel",
-        "n": "ampere_sgemm_128x64_nn",
-        "g": [4, 1, 1],
-        "b": [256, 1, 1],
-        "s": 7,
-        "t0": 1000,
-        "t1": 4500,
-    }
+    kernel = KernelEntry.decode(
+        {
+            "k": "kernel",
+            "n": "ampere_sgemm_128x64_nn",
+            "g": [4, 1, 1],
+            "b": [256, 1, 1],
+            "s": 7,
+            "t0": 1000,
+            "t1": 4500,
+        }
+    )
     outputs = [  # B's output is longer and its second value differs
         (TensorRecord.decode(_tensor("0", 1, None, (0.5, 1.0, 2.0))),),
         (TensorRecord.decode(_tensor("0", 2, None, (0.5, 1.25, 2.0, 4.0))),),

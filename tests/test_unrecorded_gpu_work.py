@@ -92,10 +92,10 @@ def _diff(a: str, b: str) -> dict[str, Any]:
 def test_reader_keeps_unrecorded_work_apart_from_the_ops_kernels(runs: dict[str, str]) -> None:
     with Run(Path(runs["b"])) as run:
         relu, addmm = run.rank(0).op(2), run.rank(0).op(3)
-    assert [k["n"] for k in relu.kernels] == [OWN[2][0]["n"]]
-    assert [k["n"] for k in relu.unclaimed_kernels] == ["memset", *["my_kernel(float*, int)"] * 2]
-    assert [k["n"] for k in addmm.kernels] == ["ampere_sgemm_32x32_sliced1x4_nn"]
-    assert [k["n"] for k in addmm.unclaimed_kernels] == ["late_kernel"]
+    assert [k.name for k in relu.kernels] == [OWN[2][0]["n"]]
+    assert [k.name for k in relu.unclaimed_kernels] == ["memset", *["my_kernel(float*, int)"] * 2]
+    assert [k.name for k in addmm.kernels] == ["ampere_sgemm_32x32_sliced1x4_nn"]
+    assert [k.name for k in addmm.unclaimed_kernels] == ["late_kernel"]
     code, out, _ = cli_in_process("show", runs["b"], "--ops", "2", "--json")
     (shown,) = json.loads(out)["ranks"]["0"]
     assert code == 0

@@ -8,45 +8,21 @@ reader cannot use (fingerprints only say "differs", which the headings already s
 from __future__ import annotations
 
 import textwrap
-from typing import Any
 
 from ..analysis.lookup import kept_rows
-from ..store import CallSite, OpRecord, TensorRecord
+from ..analysis.text import (
+    KERNELS_DESCRIBED,
+    ORIGINS_SHOWN,
+    kernel_fields,
+    leading_bits,
+    leading_values,
+    number,
+    op_line,
+    value_text,
+)
+from ..store import CallSite, KernelEntry, OpRecord, TensorRecord
 
-VALUES_SHOWN = 4
 SOURCE_CONTEXT = 2  # lines on each side of a call line
-KERNELS_SHOWN = 4
-ORIGINS_SHOWN = 4  # source lines shown of a kernel Inductor generated
-KERNEL_NAME_CHARS = 100
-TEXT_CHARS = 100  # longest argument or metadata value shown
-
-
-def number(value: Any) -> str:
-    return f"{value:.8g}" if isinstance(value, float) else str(value)
-
-
-def clip(text: str, limit: int = TEXT_CHARS) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def value_text(value: Any) -> str:
-    """An argument or metadata value: strings quoted, numbers to 8 digits, long ones clipped."""
-    if isinstance(value, str):
-        return clip(repr(value))
-    if isinstance(value, (list, tuple)):
-        return clip("[" + ", ".join(value_text(v) for v in value) + "]")
-    return clip(number(value))
-
-
-def op_label(op: OpRecord) -> str:
-    """``aten::add_.Tensor [optimizer, step 0] base.py:44 (main)``; a backward op names the
-    forward op whose call site it borrowed."""
-    gradient = f" gradient of #{op.forward_index}" if op.forward_index is not None else ""
-    return f"{op.op} [{op.phase}{gradient}, step {op.step}] {op.call_site.short()}"
-
-
-def op_line(op: OpRecord) -> str:
-    return f"#{op.index} {op_label(op)}"
 
 
 def source_rows(
@@ -91,8 +67,8 @@ def tensor_text(t: TensorRecord | None) -> str:
     elif t.hash is None:
         parts.append("content not read")
     if t.head:
-        parts.append("values [" + ", ".join(number(v) for v in t.values()[:VALUES_SHOWN]) + "]")
-        parts.append("bits [" + " ".join(t.bits()[:VALUES_SHOWN]) + "]")
+        parts.append("values [" + ", ".join(leading_values(t)) + "]")
+        parts.append("bits [" + " ".join(leading_bits(t)) + "]")
     if t.stats is not None and t.stats[0] is not None:
         mn, mx, mean, absmax, nan, inf = t.stats
         parts.append(
@@ -112,14 +88,10 @@ def kernel_lines(op: OpRecord) -> list[str]:
     return lines + [f"after this op, unrecorded: {line}" for line in unrecorded]
 
 
-def _entry_lines(kernels: tuple[dict[str, Any], ...], noun: str) -> list[str]:
-    lines = []
-    for kernel in kernels[:KERNELS_SHOWN]:
-        name = clip(str(kernel.get("n", "?")), KERNEL_NAME_CHARS)
-        rest = " ".join(f"{k}={value_text(v)}" for k, v in sorted(kernel.items()) if k != "n")
-        lines.append(f"{name} {rest}".rstrip())
-    if len(kernels) > KERNELS_SHOWN:
-        lines.append(f"… {len(kernels) - KERNELS_SHOWN} more {noun}")
+def _entry_lines(kernels: tuple[KernelEntry, ...], noun: str) -> list[str]:
+    lines = [kernel_fields(kernel) for kernel in kernels[:KERNELS_DESCRIBED]]
+    if len(kernels) > KERNELS_DESCRIBED:
+        lines.append(f"… {len(kernels) - KERNELS_DESCRIBED} more {noun}")
     return lines
 
 

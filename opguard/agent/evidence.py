@@ -20,17 +20,15 @@ from ..analysis import Divergence, Link, RankDiff, RunDiff, TensorDiff
 from ..analysis.contract import divergence_json, op_ref, rank_json, state_divergence_json
 from ..analysis.state_diff import StepDivergence
 from ..analysis.steps import describe_runs
+from ..analysis.text import op_label, op_line, value_text
 from ..store import OpRecord, RankTrace, Run
 from .describe import (
     SOURCE_CONTEXT,
     kernel_lines,
-    op_label,
-    op_line,
     origin_lines,
     source_lines,
     source_rows,
     tensor_text,
-    value_text,
 )
 from .llm import count_tokens
 from .metadata import differing_metadata
@@ -296,7 +294,7 @@ def _kernels_json(div: Divergence) -> dict[str, Any]:
     ops = {"named": (div.a, div.b), "observed": (div.observed_a, div.observed_b)}
     return {
         role: {
-            run: list(op.kernels)
+            run: [k.to_json() for k in op.kernels]
             for run, op in zip("ab", pair, strict=True)
             if op is not None and op.kernels
         }

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..analysis.text import value_text
 from ..store.environment import KEY as ENVIRONMENT
 from ..store.environment import PACKAGES
-from .describe import value_text
 
 IGNORED = frozenset({"started", "ended", "command"})
 # Fields that change numerics by themselves (as opposed to argv, ops, exit status, ...).

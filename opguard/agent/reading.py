@@ -14,7 +14,8 @@ from ..analysis import Divergence, TensorDiff
 from ..analysis.causes import ENVIRONMENT, STREAM_RACE
 from ..analysis.gpu_work import kernel_names
 from ..analysis.state_diff import StepDivergence
-from .describe import number, op_line, value_text
+from ..analysis.text import number, op_line, value_text
+from ..analysis.verdict import WORDS, Cause
 from .metadata import MetaDiff
 
 # Machine epsilon per floating dtype: differences within a few ulps are rounding, not a bug.
@@ -36,7 +37,7 @@ def read_divergence(div: Divergence | None, meta: list[MetaDiff]) -> list[str]:
     if not any(c.kind == ENVIRONMENT for c in div.likely_causes):
         lead = (
             "equal inputs yet different outputs, and the runs ran in different environments"
-            if div.cause == "origin"
+            if div.cause is Cause.ORIGIN
             else "the runs also ran in different environments"
         )
         findings += _environment(meta, lead)
@@ -48,14 +49,14 @@ def read_state_divergence(div: StepDivergence, meta: list[MetaDiff]) -> list[str
     recorded there), most telling first: which part of the step, what differs, what next."""
     kinds = div.comparison.by_kind()
     findings = [div.meaning]
-    if div.cause == "loss":
+    if div.cause is Cause.LOSS:
         grads = kinds.get("grad")
         findings.append(
             f"{len(grads)} gradient(s) differ as well, the first {grads[0].a.name}"
             if grads
             else "every gradient is equal: the difference in the loss did not reach them"
         )
-    elif div.cause == "optimizer":
+    elif div.cause is Cause.OPTIMIZER:
         findings.append(
             "the loss and every gradient recorded in both runs are equal, so the forward and "
             "backward computed the same: the update differs (learning rate, its schedule, "
@@ -77,8 +78,8 @@ def _environment(meta: list[MetaDiff], lead: str) -> list[str]:
 def _arguments(div: Divergence) -> list[str]:
     found = []
     for d in div.arguments:
-        text = (
-            f"argument `{d.name}` differs: {_passed(d.a, d.a_passed)} vs {_passed(d.b, d.b_passed)}"
+        text = WORDS[Cause.ARGUMENT].reading.format(
+            name=d.name, a=_passed(d.a, d.a_passed), b=_passed(d.b, d.b_passed)
         )
         if not (d.a_passed and d.b_passed):
             text += (
@@ -102,11 +103,7 @@ def _passed(value: object, passed: bool) -> str:
 
 def _rng(div: Divergence) -> list[str]:
     op = div.a or div.observed_a
-    return [
-        f"random op with a different RNG state: {op_line(op)}; its inputs and arguments are "
-        "equal, so the seed (torch.manual_seed, generator) or the random draws made before it "
-        "differ"
-    ]
+    return [WORDS[Cause.RNG].reading.format(op=op_line(op))]
 
 
 def _origin(div: Divergence) -> list[str]:
@@ -124,23 +121,19 @@ def _origin(div: Divergence) -> list[str]:
             "deterministic algorithms off)"
         ]
     kernels = "same kernels" if names_a else "no kernels recorded"
-    return [
-        f"equal inputs and arguments, different outputs ({kernels}): a nondeterministic "
-        "implementation (atomics, split reductions, thread count), a race, or a hardware fault"
-    ]
+    return [WORDS[Cause.ORIGIN].reading.format(kernels=kernels)]
 
 
 def _structure(div: Divergence) -> list[str]:
     seen = f"first seen at #{div.observed_a.index} {div.observed_a.op}"
-    if div.cause == "replaced" and div.a is not None and div.b is not None:
-        return [
-            f"op #{div.a.index} {div.a.op} of run A was replaced in run B by {op_line(div.b)}; {seen}"
-        ]
-    run, op = ("B", div.b) if div.cause == "inserted" else ("A", div.a)
+    words = WORDS[div.cause].reading
+    if div.cause is Cause.REPLACED and div.a is not None and div.b is not None:
+        return [words.format(index=div.a.index, name=div.a.op, b=op_line(div.b), seen=seen)]
+    op = div.b if div.cause is Cause.INSERTED else div.a
     assert op is not None
     source = op.call_site.source_line()
     quoted = f" `{source}`" if source else ""
-    return [f"op only in run {run} feeds the divergence: {op_line(op)}{quoted}; {seen}"]
+    return [words.format(op=op_line(op), source=quoted, seen=seen)]
 
 
 def _last_slot(div: Divergence) -> str:
@@ -149,43 +142,37 @@ def _last_slot(div: Divergence) -> str:
 
 
 def _leaf(div: Divergence) -> list[str]:
-    return [
-        f"{_last_slot(div)} differs and no recorded op produced it: data, parameters or a tensor "
-        "made before recording (data order, initialisation seed, checkpoint)"
-    ]
+    return [WORDS[Cause.LEAF].reading.format(input=_last_slot(div))]
 
 
 def _unrecorded(div: Divergence) -> list[str]:
     races = [c for c in div.likely_causes if c.kind == STREAM_RACE]
     return [
         *(c.cause for c in races),
-        f"{_last_slot(div)} was equal when produced and differs when read: something OpGuard "
-        "did not record wrote it (a custom extension, a .data write, a NumPy view)",
+        WORDS[Cause.UNRECORDED_WRITE].reading.format(input=_last_slot(div)),
         *(w.text() for w in div.windows),
     ]
 
 
 def _earlier(div: Divergence) -> list[str]:
-    return [
-        f"{_last_slot(div)} already differed when step {div.step} began: compare without "
-        "--step to find where"
-    ]
+    return [WORDS[Cause.EARLIER_STEP].reading.format(input=_last_slot(div), step=div.step)]
 
 
 def _unexplained(div: Divergence) -> list[str]:
     return [f"outputs of {op_line(div.observed_a)} differ"]
 
 
-CAUSES: dict[str, Callable[[Divergence], list[str]]] = {
-    "argument": _arguments,
-    "rng": _rng,
-    "origin": _origin,
-    "inserted": _structure,
-    "removed": _structure,
-    "replaced": _structure,
-    "leaf": _leaf,
-    "unrecorded-write": _unrecorded,
-    "earlier-step": _earlier,
+# The reading of each op-level cause (the step-level ones: read_state_divergence).
+CAUSES: dict[Cause, Callable[[Divergence], list[str]]] = {
+    Cause.ARGUMENT: _arguments,
+    Cause.RNG: _rng,
+    Cause.ORIGIN: _origin,
+    Cause.INSERTED: _structure,
+    Cause.REMOVED: _structure,
+    Cause.REPLACED: _structure,
+    Cause.LEAF: _leaf,
+    Cause.UNRECORDED_WRITE: _unrecorded,
+    Cause.EARLIER_STEP: _earlier,
 }
 
 

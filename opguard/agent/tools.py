@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.lookup import QueryError, input_tensor, neighbours, source_around
+from ..analysis.text import clip, op_line
 from ..store import OpRecord, RankTrace, Run, TraceError
-from .describe import clip, kernel_lines, op_detail, op_line, source_lines
+from .describe import kernel_lines, op_detail, source_lines
 
 NEIGHBOURS_MAX = 8
 SOURCE_MAX = 20  # lines on each side of the call line

@@ -41,7 +41,9 @@ from ..store.environment import (
     SETTING,
     Environment,
 )
-from .gpu_work import StreamRace, kernel_names, short_kernel_name, short_op_name
+from .gpu_work import StreamRace, kernel_names, short_op_name
+from .text import short_kernel_name
+from .verdict import Cause
 
 if TYPE_CHECKING:
     from .divergence import Divergence
@@ -405,8 +407,10 @@ def likely_causes(
     the hint naming GPU work no recorded op launched before an origin, or ''."""
     found = []
     if race is not None:
-        found.append(LikelyCause(STREAM_RACE, race.sentence(), f"run {race.run}: {race.times()}"))
-    if div.cause == "unrecorded-write" and div.chain:
+        found.append(
+            LikelyCause(STREAM_RACE, race.sentence(), f"run {race.run.name}: {race.times()}")
+        )
+    if div.cause is Cause.UNRECORDED_WRITE and div.chain:
         link = div.chain[-1]
         found.append(
             LikelyCause(
@@ -417,7 +421,7 @@ def likely_causes(
                 "when written and differs when read",
             )
         )
-    elif div.cause == "origin" and div.a is not None and div.b is not None:
+    elif div.cause is Cause.ORIGIN and div.a is not None and div.b is not None:
         found += _origin_causes(div.a, div.b, traces, unrecorded_gpu_work, raced=bool(found))
     return found
 

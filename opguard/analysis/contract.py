@@ -65,7 +65,10 @@ def divergence_json(div: Divergence) -> dict[str, Any]:
             for d in div.arguments
         ],
         "rng_state_differs": div.rng_differs,
-        "kernels": {"a": list(div.observed_a.kernels), "b": list(div.observed_b.kernels)},
+        "kernels": {
+            "a": [k.to_json() for k in div.observed_a.kernels],
+            "b": [k.to_json() for k in div.observed_b.kernels],
+        },
         "kernels_differ": div.kernels_differ,
         "stream_race": div.race or None,
         "unrecorded_writes": [w.to_json() for w in div.windows],

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..store import OpRecord, RankTrace, TensorRecord, schema
+from ..store import KernelEntry, OpRecord, RankTrace, TensorRecord, schema
 from .causes import (
     KERNELS,
     UNRECORDED_GPU_WORK,
@@ -23,8 +23,10 @@ from .causes import (
     first_cause,
     likely_causes,
 )
-from .gpu_work import StreamRace, kernel_names, short_kernel_name, stream_race
+from .gpu_work import StreamRace, kernel_names, stream_race
 from .reach import Absorbed
+from .text import plain_value, short_kernel_name
+from .verdict import WORDS, Cause, Kind, Side
 
 MAX_CHAIN = 64
 
@@ -62,26 +64,26 @@ class WriteWindow:
     window outside any recorded op, as (op it followed, kernels entry), the first
     ``MAX_WINDOW_KERNELS`` of ``kernels_total``."""
 
-    run: str  # "A" | "B"
+    run: Side
     producer: int
     after: int
     before: int
-    kernels: tuple[tuple[int, dict[str, Any]], ...] = ()
+    kernels: tuple[tuple[int, KernelEntry], ...] = ()
     kernels_total: int = 0
 
     def text(self) -> str:
-        where = f"run {self.run}: written by unrecorded code between op {self.after} and op {self.before}"
+        where = f"run {self.run.name}: written by unrecorded code between op {self.after} and op {self.before}"
         if not self.kernels_total:
             return where
         return f"{where}, kernels: {unrecorded_kernels_text(self.kernels, self.kernels_total)}"
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "run": self.run,
+            "run": self.run.name,
             "producer": self.producer,
             "after": self.after,
             "before": self.before,
-            "kernels": [{**entry, "i": index} for index, entry in self.kernels],
+            "kernels": [{**entry.to_json(), "i": index} for index, entry in self.kernels],
             "kernels_total": self.kernels_total,
         }
 
@@ -90,10 +92,10 @@ MAX_WINDOW_KERNELS = 50  # unrecorded GPU launches kept per window
 KERNEL_NAMES_SHOWN = 3  # distinct names in a window's text
 
 
-def unrecorded_kernels_text(kernels: Sequence[tuple[int, dict[str, Any]]], total: int) -> str:
+def unrecorded_kernels_text(kernels: Sequence[tuple[int, KernelEntry]], total: int) -> str:
     """``memset ×2, my_kernel, +3 more``: the distinct names of unrecorded GPU work, in launch
     order, with how many launches the list leaves out."""
-    counts = Counter(short_kernel_name(str(entry.get("n", "?"))) for _, entry in kernels)
+    counts = Counter(short_kernel_name(entry.name) for _, entry in kernels)
     shown = list(counts.items())[:KERNEL_NAMES_SHOWN]
     parts = [name if n == 1 else f"{name} ×{n}" for name, n in shown]
     more = total - sum(n for _, n in shown)
@@ -104,8 +106,8 @@ def unrecorded_kernels_text(kernels: Sequence[tuple[int, dict[str, Any]]], total
 class Divergence:
     rank: int
     step: int
-    kind: str  # origin | argument | propagated | structure
-    cause: str  # origin | argument | rng | leaf | inserted | removed | replaced | unrecorded-write
+    kind: Kind  # origin | argument | propagated | structure
+    cause: Cause  # an op-level one: origin, argument, rng, leaf, earlier-step, …
     a: OpRecord | None  # the op the verdict names in run A (the cause for structure)
     b: OpRecord | None
     observed_a: OpRecord  # the first aligned pair whose outputs differ
@@ -195,8 +197,8 @@ class Explainer:
         div = Divergence(
             rank=self.trace_a.rank,
             step=op_a.step,
-            kind="",
-            cause="",
+            kind=Kind.ORIGIN,  # until classified below
+            cause=Cause.ORIGIN,
             a=op_a,
             b=op_b,
             observed_a=op_a,
@@ -214,7 +216,7 @@ class Explainer:
         div.race = race.text() if race is not None else ""
         gpu_work = (
             self._unrecorded_gpu_work(div)
-            if div.cause == "origin" and not div.kernels_differ
+            if div.cause is Cause.ORIGIN and not div.kernels_differ
             else ""
         )
         div.likely_causes = likely_causes(div, (self.trace_a, self.trace_b), race, gpu_work)
@@ -228,8 +230,8 @@ class Explainer:
         the op's own started (no ``wait_stream``/event between them)."""
         link = div.chain[-1] if div.chain else None
         for run, trace, op in (
-            ("A", self.trace_a, link.a if link else div.observed_a),
-            ("B", self.trace_b, link.b if link else div.observed_b),
+            (Side.A, self.trace_a, link.a if link else div.observed_a),
+            (Side.B, self.trace_b, link.b if link else div.observed_b),
         ):
             race = stream_race(run, trace, op)
             if race is not None:
@@ -269,18 +271,18 @@ class Explainer:
         state differs; else an input that no recorded op wrote differs (written by code OpGuard
         did not see); else the op itself produced different outputs (origin)."""
         if div.arguments or div.rng_differs:
-            div.kind = "argument"
-            div.cause = "rng" if div.rng_differs and not div.arguments else "argument"
+            div.kind = Kind.ARGUMENT
+            div.cause = Cause.RNG if div.rng_differs and not div.arguments else Cause.ARGUMENT
         elif unwritten:
-            div.kind = "propagated"
-            div.cause = "unrecorded-write"
+            div.kind = Kind.PROPAGATED
+            div.cause = Cause.UNRECORDED_WRITE
             div.chain.append(Link(op_a, op_b, unwritten[0].slot))
         else:
-            div.kind = div.cause = "origin"
+            div.kind, div.cause = Kind.ORIGIN, Cause.ORIGIN
 
     def _follow(self, div: Divergence) -> None:
         """Walks producers of the first differing input back to the earliest cause."""
-        div.kind = "propagated"
+        div.kind = Kind.PROPAGATED
         align = self.alignment
         op_a, op_b, inputs = div.observed_a, div.observed_b, div.inputs
         for _ in range(MAX_CHAIN):
@@ -289,12 +291,12 @@ class Explainer:
             pa = slot.a.producer if slot.a else None
             pb = slot.b.producer if slot.b else None
             if pa is None and pb is None:
-                div.cause = "leaf"
+                div.cause = Cause.LEAF
                 return
             if (pa is None or not align.compared(pa[0], 0)) and (
                 pb is None or not align.compared(pb[0], 1)
             ):
-                div.cause = "earlier-step"  # produced before the compared steps (--step)
+                div.cause = Cause.EARLIER_STEP  # produced before the compared steps (--step)
                 return
             if pa is not None and pb is not None and align.b_of(pa[0]) == pb[0]:
                 prod_a, prod_b = self.trace_a.op(pa[0]), self.trace_b.op(pb[0])
@@ -306,12 +308,12 @@ class Explainer:
                     and out_a.content_key() is not None  # unknown: a receive still in flight
                     and content_of(out_a) == content_of(out_b)
                 ):
-                    div.cause = "unrecorded-write"  # equal when written, different when read
+                    div.cause = Cause.UNRECORDED_WRITE  # equal when written, different when read
                     div.windows = [
                         window
                         for run, trace, produced, reader in (
-                            ("A", self.trace_a, pa, op_a.index),
-                            ("B", self.trace_b, pb, op_b.index),
+                            (Side.A, self.trace_a, pa, op_a.index),
+                            (Side.B, self.trace_b, pb, op_b.index),
                         )
                         if (window := _write_window(run, trace, produced, reader)) is not None
                     ]
@@ -327,7 +329,7 @@ class Explainer:
                 continue
             self._structure(div, pa, pb)
             return
-        div.cause = "leaf"
+        div.cause = Cause.LEAF
 
     def _structure(
         self, div: Divergence, pa: tuple[int, int] | None, pb: tuple[int, int] | None
@@ -336,7 +338,7 @@ class Explainer:
         exists in one run only. A producer that has a partner elsewhere in the other run is
         not the cause (it exists in both); the other side's unpartnered op is."""
         align = self.alignment
-        div.kind = "structure"
+        div.kind = Kind.STRUCTURE
         cause_a = self.trace_a.op(pa[0]) if pa is not None else None
         cause_b = self.trace_b.op(pb[0]) if pb is not None else None
         if cause_a is not None and cause_b is not None:
@@ -348,11 +350,11 @@ class Explainer:
                 cause_b = None  # A's op is missing from B
         div.a, div.b = cause_a, cause_b
         div.cause = (
-            "replaced"
+            Cause.REPLACED
             if cause_a is not None and cause_b is not None
-            else "removed"
+            else Cause.REMOVED
             if cause_a is not None
-            else "inserted"
+            else Cause.INSERTED
         )
 
     def _hint(self, div: Divergence, gpu_work: str) -> str:
@@ -360,7 +362,7 @@ class Explainer:
         scripts): gradient accumulation into a kept ``.grad``, a missing default argument; for
         an origin nothing else explains, how to find an unrecorded write (``gpu_work``: the
         unrecorded GPU work before it, if any)."""
-        if div.kind == "structure":
+        if div.kind is Kind.STRUCTURE:
             for op, trace, run, other in (
                 (div.b, self.trace_b, "B", "A"),
                 (div.a, self.trace_a, "A", "B"),
@@ -373,17 +375,17 @@ class Explainer:
                         f"optimizer.zero_grad() missing in run {run} (or is the gradient "
                         "accumulation intended)?"
                     )
-        if div.cause == "argument":
+        if div.cause is Cause.ARGUMENT:
             defaulted = [d for d in div.arguments if not (d.a_passed and d.b_passed)]
             if defaulted:
                 d = defaulted[0]
                 run = "A" if not d.a_passed else "B"
                 return (
                     f"run {run} did not pass '{d.name}' (the op's default applied), the other "
-                    f"run passed {_fmt(d.b if run == 'A' else d.a)}"
+                    f"run passed {plain_value(d.b if run == 'A' else d.a)}"
                 )
         # An unrecorded write is what to check first only when nothing else explains an origin.
-        top = div.likely_causes[0].kind if div.cause == "origin" and div.likely_causes else ""
+        top = div.likely_causes[0].kind if div.cause is Cause.ORIGIN and div.likely_causes else ""
         if top == UNRECORDED_GPU_WORK:
             return gpu_work
         if top == UNVERIFIED_INPUT:
@@ -426,7 +428,7 @@ MAX_WINDOW_SCAN = 1_000_000  # ops read to narrow an unrecorded write down
 
 
 def _write_window(
-    run: str, trace: RankTrace, produced: tuple[int, int], reader: int
+    run: Side, trace: RankTrace, produced: tuple[int, int], reader: int
 ) -> WriteWindow | None:
     """Narrows down when a tensor changed without a recorded op: the readers of output
     ``produced`` up to op ``reader`` saw its content unchanged until one did not. None when
@@ -473,14 +475,10 @@ def _output(op: OpRecord, slot: int) -> TensorRecord | None:
     return op.outputs[slot] if 0 <= slot < len(op.outputs) else None
 
 
-def _fmt(value: Any) -> str:
-    return repr(value) if isinstance(value, str) else str(value)
-
-
 def argument_text(d: ArgumentDiff) -> str:
     """``name: A's value (A) vs B's value (B)``; an argument not passed reads "default"."""
-    a = _fmt(d.a) if d.a_passed else "default"
-    b = _fmt(d.b) if d.b_passed else "default"
+    a = plain_value(d.a) if d.a_passed else "default"
+    b = plain_value(d.b) if d.b_passed else "default"
     return f"{d.name}: {a} (A) vs {b} (B)"
 
 
@@ -494,8 +492,9 @@ def summarise(div: Divergence) -> str:
     """One line a person (or a script) can act on."""
     obs = div.observed_a
     where = f"{obs.op} at {obs.call_site.short()}"
-    if div.cause == "origin":
-        made = f"{where} produced different outputs from identical inputs and arguments"
+    words = WORDS[div.cause].summary
+    if div.cause is Cause.ORIGIN:
+        made = words.format(where=where)
         top = first_cause(div.likely_causes)  # kernels that differ always give one
         if top is None:
             return f"{made} (nondeterministic kernel, race, different kernel or hardware fault)"
@@ -506,46 +505,29 @@ def summarise(div: Divergence) -> str:
                 f"({', '.join(a) or 'none'} vs {', '.join(b) or 'none'})"
             )
         return f"{made}: {top.cause}"
-    if div.cause == "argument":
+    if div.cause is Cause.ARGUMENT:
         shown = ", ".join(argument_text(d) for d in div.arguments[:3])
         op = div.a or obs
-        return f"{op.op} at {op.call_site.short()}: argument {shown}"
-    if div.cause == "rng":
-        return f"random op {where} consumed a different RNG state (seed or generator changed)"
-    if div.cause == "leaf":
-        slot = div.chain[-1].slot if div.chain else "?"
-        last = div.chain[-1].a if div.chain else obs
-        return (
-            f"input '{slot}' of {last.op} at {last.call_site.short()} differs and no recorded "
-            "op produced it (data, parameters, or a tensor made before recording)"
+        return words.format(op=op.op, site=op.call_site.short(), shown=shown)
+    if div.cause is Cause.RNG:
+        return words.format(where=where)
+    if div.cause in (Cause.LEAF, Cause.EARLIER_STEP, Cause.UNRECORDED_WRITE):
+        link = div.chain[-1] if div.chain else None
+        last = link.a if link else obs
+        how = div.race or "changed by code OpGuard did not record" + "".join(
+            f"; {w.text()}" for w in div.windows
         )
-    if div.cause == "earlier-step":
-        slot = div.chain[-1].slot if div.chain else "?"
-        last = div.chain[-1].a if div.chain else obs
-        return (
-            f"input '{slot}' of {last.op} at {last.call_site.short()} already differed when "
-            f"step {div.step} began (made in an earlier step, which was not compared: "
-            "diff without --step to find where)"
+        return words.format(
+            slot=link.slot if link else "?",
+            op=last.op,
+            site=last.call_site.short(),
+            step=div.step,
+            how=how,
         )
-    if div.cause == "unrecorded-write":
-        link = div.chain[-1]
-        if div.race:
-            return (
-                f"input '{link.slot}' of {link.a.op} at {link.a.call_site.short()} was equal when "
-                f"produced and differs when read: {div.race}"
-            )
-        where = "".join(f"; {w.text()}" for w in div.windows)
-        return (
-            f"input '{link.slot}' of {link.a.op} at {link.a.call_site.short()} was equal when "
-            f"produced and differs when read: changed by code OpGuard did not record{where}"
-        )
-    if div.cause == "inserted" and div.b is not None:
-        return f"{_op_text(div.b)} only in run B feeds the divergence at {where}"
-    if div.cause == "removed" and div.a is not None:
-        return f"{_op_text(div.a)} only in run A feeds the divergence at {where}"
-    if div.cause == "replaced" and div.a is not None and div.b is not None:
-        return (
-            f"{_op_text(div.a)} in run A was replaced by {_op_text(div.b)} in run B; it feeds "
-            f"the divergence at {where}"
-        )
+    if div.cause is Cause.INSERTED and div.b is not None:
+        return words.format(op=_op_text(div.b), where=where)
+    if div.cause is Cause.REMOVED and div.a is not None:
+        return words.format(op=_op_text(div.a), where=where)
+    if div.cause is Cause.REPLACED and div.a is not None and div.b is not None:
+        return words.format(a=_op_text(div.a), b=_op_text(div.b), where=where)
     return f"outputs of {where} differ"

@@ -12,24 +12,16 @@ back to the first that ran GPU work.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from ..store import OpRecord, RankTrace
+from ..store import KernelEntry, OpRecord, RankTrace
+from .text import short_kernel_name
+from .verdict import Side
 
-KERNEL_NAME_CHARS = 60
 MAX_ALIAS_HOPS = 16  # kernel-less ops followed back from an input to the op that wrote it
 
 
-def short_kernel_name(name: str) -> str:
-    """A kernel's name without its return type, template and parameter lists, clipped:
-    ``void at::native::vectorized_elementwise_kernel<4, …>(int, …)`` reads
-    ``at::native::vectorized_elementwise_kernel``."""
-    short = name.removeprefix("void ").split("(", 1)[0].split("<", 1)[0] or name
-    return short if len(short) <= KERNEL_NAME_CHARS else short[: KERNEL_NAME_CHARS - 1] + "…"
-
-
 def kernel_names(op: OpRecord) -> list[str]:
-    return [k.get("n", "?") for k in op.kernels if k.get("k", "kernel") == "kernel"]
+    return [k.name for k in op.kernels if k.is_kernel]
 
 
 def short_op_name(op: OpRecord) -> str:
@@ -46,41 +38,41 @@ class StreamRace:
     kernel (``write``), on another stream, finished writing an input ``reader`` read, reached
     through the kernel-less ops ``through`` (reader's side first)."""
 
-    run: str  # "A" | "B"
+    run: Side
     reader: OpRecord
     writer: OpRecord
     through: tuple[OpRecord, ...]
-    read: dict[str, Any]
-    write: dict[str, Any]
+    read: KernelEntry  # both timed: start and end recorded
+    write: KernelEntry
 
     @property
     def early_us(self) -> float:
         """How long before the write ended the read started, in µs."""
-        return float(self.write["t1"] - self.read["t0"]) / 1e3
+        return ((self.write.end_ns or 0) - (self.read.start_ns or 0)) / 1e3
 
     def sentence(self) -> str:
         return (
-            f"race: `{short_op_name(self.reader)}` on stream {self.read.get('s')} started "
+            f"race: `{short_op_name(self.reader)}` on stream {self.read.stream} started "
             f"{self.early_us:.1f} µs before its input's writer `{short_op_name(self.writer)}` "
-            f"on stream {self.write.get('s')} finished"
+            f"on stream {self.write.stream} finished"
         )
 
     def times(self) -> str:
         """The two kernels' times, from the start of the writing kernel."""
-        t = self.write["t0"]
+        t = self.write.start_ns or 0
         via = ", ".join(f"{op.op} #{op.index}" for op in self.through)
         return (
             f"{self.writer.op} #{self.writer.index} wrote with "
-            f"{short_kernel_name(str(self.write.get('n', '?')))} on stream "
-            f"{self.write.get('s')} from 0.0 to {(self.write['t1'] - t) / 1e3:.1f} µs; "
+            f"{short_kernel_name(self.write.name)} on stream "
+            f"{self.write.stream} from 0.0 to {((self.write.end_ns or 0) - t) / 1e3:.1f} µs; "
             f"{self.reader.op} #{self.reader.index} read with "
-            f"{short_kernel_name(str(self.read.get('n', '?')))} on stream {self.read.get('s')} "
-            f"from {(self.read['t0'] - t) / 1e3:.1f} µs"
+            f"{short_kernel_name(self.read.name)} on stream {self.read.stream} "
+            f"from {((self.read.start_ns or 0) - t) / 1e3:.1f} µs"
             + (f"; the input reached it through {via}, which launched no GPU work" if via else "")
         )
 
     def text(self) -> str:
-        return f"run {self.run}: {self.sentence()} ({self.times()}): a missing wait_stream or event"
+        return f"run {self.run.name}: {self.sentence()} ({self.times()}): a missing wait_stream or event"
 
 
 def memory_writer(trace: RankTrace, produced: tuple[int, int]) -> tuple[OpRecord, list[OpRecord]]:
@@ -103,21 +95,23 @@ def memory_writer(trace: RankTrace, produced: tuple[int, int]) -> tuple[OpRecord
     return op, through
 
 
-def stream_race(run: str, trace: RankTrace, reader: OpRecord) -> StreamRace | None:
+def stream_race(run: Side, trace: RankTrace, reader: OpRecord) -> StreamRace | None:
     """The stream race at op ``reader`` in run ``run``, if one of its inputs was written on
     another stream by GPU work that had not finished when its own started."""
-    reads = [k for k in reader.kernels if "t0" in k]
+    reads = [k for k in reader.kernels if k.start_ns is not None]
     if not reads:
         return None
-    first_read = min(reads, key=lambda k: k["t0"])
+    first_read = min(reads, key=lambda k: k.start_ns or 0)
     for tensor in reader.inputs:
         if tensor.producer is None:
             continue
         writer, through = memory_writer(trace, tensor.producer)
-        writes = [k for k in writer.kernels if "t1" in k]
+        writes = [k for k in writer.kernels if k.end_ns is not None]
         if not writes:
             continue
-        last_write = max(writes, key=lambda k: k["t1"])
-        if last_write.get("s") != first_read.get("s") and last_write["t1"] > first_read["t0"]:
+        last_write = max(writes, key=lambda k: k.end_ns or 0)
+        if last_write.stream != first_read.stream and (last_write.end_ns or 0) > (
+            first_read.start_ns or 0
+        ):
             return StreamRace(run, reader, writer, tuple(through), first_read, last_write)
     return None

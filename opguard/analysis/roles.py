@@ -13,6 +13,7 @@ from typing import Any
 
 from ..store import OpRecord
 from .divergence import Divergence
+from .verdict import Cause
 
 # Op-name prefixes of c10d collectives as the recorder names them (``c10d::allreduce_``,
 # ``_c10d_functional::all_reduce``, ``_c10d_functional::wait_tensor``, …).
@@ -46,6 +47,6 @@ def role_of(div: Divergence) -> Role:
     """Receiver when the producer chain ends at a collective whose inputs and arguments were
     equal on this rank (its output differs only because another rank's input did)."""
     cause = div.a if div.a is not None else div.observed_a
-    if div.cause == "origin" and is_collective(cause):
+    if div.cause is Cause.ORIGIN and is_collective(cause):
         return Role(RECEIVER, cause)
     return Role(ORIGIN)

@@ -21,13 +21,9 @@ from .align import AlignReader, align_step, columns_of, merge, pairs_of, records
 from .diff import RankDiff, StepSummary
 from .keys import KeyTable, LightOp
 from .steps import StepIndex
+from .verdict import Side
 
 STEP_CACHE = 16
-
-
-class Side(Enum):
-    A = 0
-    B = 1
 
 
 class Status(Enum):

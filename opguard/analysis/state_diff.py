@@ -26,26 +26,16 @@ from ..store import RankTrace, TraceError
 from ..store.states import KIND_ORDER, StateEntry, StepState, comparable_entries, expand_step
 from .divergence import content_of
 from .steps import add_to_ranges, range_text
+from .verdict import WORDS, Cause, Kind
 
-KIND = "state"  # a step-level divergence's kind in the diff's JSON (op-level: origin, …)
 # What a differing entry of each kind points at (the divergence's ``cause``).
 CAUSE_OF_KIND = {
-    "loss": "loss",
-    "grad": "gradient",
-    "param": "optimizer",
-    "state": "optimizer",
-    "buffer": "buffer",
-    "rng": "rng",
-}
-# Where in step S the difference arose, by cause: the report's and the agent's sentence.
-MEANING = {
-    "loss": "the loss differs: the forward of step {step} (or the loss computed from it)",
-    "gradient": "the gradients differ: the forward or backward of step {step}",
-    "optimizer": "gradients equal, {what} differ: the optimizer step of step {step}",
-    "buffer": "loss, gradients, parameters and optimizer states equal, a buffer differs: what "
-    "updates it in step {step} (a norm layer's running statistics, in the forward)",
-    "rng": "everything else equal, an RNG state differs: step {step} drew a different number "
-    "of random values, or the generator was seeded differently",
+    "loss": Cause.LOSS,
+    "grad": Cause.GRADIENT,
+    "param": Cause.OPTIMIZER,
+    "state": Cause.OPTIMIZER,
+    "buffer": Cause.BUFFER,
+    "rng": Cause.RNG,
 }
 ENTRIES_SHOWN = 5  # differing entries and entries in one run only listed by name
 
@@ -148,8 +138,8 @@ class StepDivergence:
     comparison: StepComparison
 
     @property
-    def kind(self) -> str:
-        return KIND
+    def kind(self) -> Kind:
+        return Kind.STATE
 
     @property
     def step(self) -> int:
@@ -161,18 +151,18 @@ class StepDivergence:
         return self.comparison.differing[0]
 
     @property
-    def cause(self) -> str:
+    def cause(self) -> Cause:
         return CAUSE_OF_KIND[self.first.kind]
 
     @property
     def meaning(self) -> str:
         """Which part of the step made the difference, as a sentence."""
         what = "parameters" if self.first.kind == "param" else "optimizer states"
-        text = MEANING[self.cause].format(step=self.step, what=what)
+        text = WORDS[self.cause].state.format(step=self.step, what=what)
         missing = [
             e for e in (*self.comparison.only_a, *self.comparison.only_b) if e.kind == "grad"
         ]
-        if self.cause == "optimizer" and missing:
+        if self.cause is Cause.OPTIMIZER and missing:
             text += f" (and {len(missing)} gradient(s) recorded in one run only)"
         return text
 

@@ -15,17 +15,16 @@ from ..analysis.compilation import mode_note
 from ..analysis.nonfinite import Nonfinite, nonfinite_tensors
 from ..analysis.state_diff import ENTRIES_SHOWN, StepDivergence, window_command
 from ..analysis.steps import describe_runs
+from ..analysis.text import (
+    KERNELS_REPORTED,
+    ORIGINS_SHOWN,
+    kernel_line,
+    leading_bits,
+    leading_values,
+    stats_text,
+)
 from ..store import CallSite, OpRecord, TensorRecord
 from .render import console
-
-VALUES_SHOWN = 4
-ORIGINS_SHOWN = 4
-
-
-def _num(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.8g}"
-    return str(value)
 
 
 def _tensor_line(label: str, t: TensorRecord | None) -> str:
@@ -33,16 +32,11 @@ def _tensor_line(label: str, t: TensorRecord | None) -> str:
         return f"      {label}: (absent)"
     text = f"      {label}: {t.describe_shape()} fp {t.fingerprint_text()}"
     if t.head:
-        values = ", ".join(_num(v) for v in t.values()[:VALUES_SHOWN])
-        bits = " ".join(t.bits()[:VALUES_SHOWN])
+        values, bits = ", ".join(leading_values(t)), " ".join(leading_bits(t))
         text += f"\n         values [{values}]  bits [{bits}]"
-    if t.stats is not None and t.stats[0] is not None:
-        mn, mx, mean, absmax, nan, inf = t.stats
-        text += (
-            f"\n         min {_num(mn)} max {_num(mx)} mean {_num(mean)} absmax {_num(absmax)}"
-            + (f" nan {nan}" if nan else "")
-            + (f" inf {inf}" if inf else "")
-        )
+    stats = stats_text(t)
+    if stats is not None:
+        text += f"\n         {stats}"
     return text
 
 
@@ -203,7 +197,7 @@ def _values(t: TensorRecord) -> str:
     """The first values of a tensor, or its fingerprint when none were kept."""
     if not t.head:
         return f"fp {t.fingerprint_text()}"
-    return "[" + ", ".join(_num(v) for v in t.values()[:VALUES_SHOWN]) + "]"
+    return "[" + ", ".join(leading_values(t)) + "]"
 
 
 def _target(meta: dict[str, Any], path: str) -> str:
@@ -327,13 +321,6 @@ def _print_roles(result: RunDiff) -> None:
             console.print(f"  rank {r.rank}: [bold]origin[/] — {escape(div.summary)}")
 
 
-def _kernel_line(kernel: dict[str, Any]) -> str:
-    duration = (kernel.get("t1", 0) - kernel.get("t0", 0)) / 1e3
-    shape = f" grid {kernel['g']} block {kernel['b']}" if "g" in kernel else ""
-    size = f" {kernel['z']} bytes" if "z" in kernel else ""
-    return f"{kernel.get('n', '?')}{shape}{size} stream {kernel.get('s')} {duration:.1f} µs"
-
-
 def _kernels(div: Divergence) -> None:
     """The GPU work of the observed op in both runs, and whether the runs chose differently."""
     a, b = div.observed_a.kernels, div.observed_b.kernels
@@ -342,7 +329,7 @@ def _kernels(div: Divergence) -> None:
     verdict = "[bold]different kernels[/]" if div.kernels_differ else "same kernels"
     console.print(f"    GPU work of the op ({verdict}):")
     for label, kernels in (("A", a), ("B", b)):
-        for kernel in kernels[:6]:
-            console.print(f"      {label}: {escape(_kernel_line(kernel))}")
-        if len(kernels) > 6:
-            console.print(f"      {label}: … {len(kernels) - 6} more")
+        for kernel in kernels[:KERNELS_REPORTED]:
+            console.print(f"      {label}: {escape(kernel_line(kernel))}")
+        if len(kernels) > KERNELS_REPORTED:
+            console.print(f"      {label}: … {len(kernels) - KERNELS_REPORTED} more")

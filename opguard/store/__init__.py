@@ -2,7 +2,16 @@
 
 from .errors import TraceError
 from .reader import RankTrace, Run
-from .records import CallSite, OpRecord, TensorRecord
+from .records import CallSite, KernelEntry, OpRecord, TensorRecord
 from .writer import TraceWriter
 
-__all__ = ["CallSite", "OpRecord", "RankTrace", "Run", "TensorRecord", "TraceError", "TraceWriter"]
+__all__ = [
+    "CallSite",
+    "KernelEntry",
+    "OpRecord",
+    "RankTrace",
+    "Run",
+    "TensorRecord",
+    "TraceError",
+    "TraceWriter",
+]

@@ -30,6 +30,7 @@ from .pagecheck import check_snapshot
 from .records import (
     UNKNOWN_SITE,
     CallSite,
+    KernelEntry,
     OpRecord,
     TensorRecord,
     check_op,
@@ -56,8 +57,13 @@ def _unpack(raw: bytes | memoryview) -> Any:
 _UNCLAIMED_PACKED = msgpack.packb(schema.KERNEL_UNCLAIMED)  # the flag's key, as stored
 
 
-def _unclaimed(entry: Any) -> bool:
-    return isinstance(entry, dict) and bool(entry.get(schema.KERNEL_UNCLAIMED))
+def _kernel_entries(raw: bytes) -> list[KernelEntry]:
+    """A ``kernels`` value decoded; entries that are not maps are left out (evidence, not the
+    trace: a damaged entry is dropped, not fatal)."""
+    entries = _unpack(raw)
+    if not isinstance(entries, list):
+        return []
+    return [KernelEntry.decode(e) for e in entries if isinstance(e, dict)]
 
 
 def _op_index(key: bytes | memoryview) -> int:
@@ -396,12 +402,12 @@ class RankTrace:
             outputs=tuple(TensorRecord.decode(t) for t in raw.get("y", ())),
             rng=raw.get("r"),
             returned=raw.get("v"),
-            kernels=tuple(k for k in kernels if not _unclaimed(k)),
-            unclaimed_kernels=tuple(k for k in kernels if _unclaimed(k)),
+            kernels=tuple(k for k in kernels if not k.unrecorded),
+            unclaimed_kernels=tuple(k for k in kernels if k.unrecorded),
             origins=tuple(self.sites.get(i, UNKNOWN_SITE) for i in raw.get("l", ())),
         )
 
-    def kernels(self, index: int) -> tuple[dict[str, Any], ...]:
+    def kernels(self, index: int) -> tuple[KernelEntry, ...]:
         """The GPU kernels, memcpys and memsets op ``index`` launched, then those launched after
         it by code OpGuard did not record (flagged; empty off the GPU)."""
         db = self._dbs.get("kernels")
@@ -412,17 +418,17 @@ class RankTrace:
                 raw = txn.get(schema.op_key(index), db=db)
         except lmdb.Error:
             return ()
-        return tuple(_unpack(raw)) if raw is not None else ()
+        return tuple(_kernel_entries(raw)) if raw is not None else ()
 
     def unclaimed_between(
         self, start: int, stop: int, limit: int
-    ) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+    ) -> tuple[list[tuple[int, KernelEntry]], int]:
         """GPU work that code OpGuard did not record launched after op ``start`` and before
         op ``stop`` (tagged with ops ``start`` to ``stop - 1``): up to ``limit`` (op index,
         entry) pairs in launch order, and how many there were. One cursor pass over the
         ``kernels`` database, which holds entries only for ops that had GPU work."""
         db = self._dbs.get("kernels")
-        found: list[tuple[int, dict[str, Any]]] = []
+        found: list[tuple[int, KernelEntry]] = []
         total = 0
         if db is None or stop <= start:
             return found, total
@@ -437,8 +443,8 @@ class RankTrace:
                         break
                     if _UNCLAIMED_PACKED not in value:  # most ops: skip unpacking
                         continue
-                    for entry in _unpack(value):
-                        if _unclaimed(entry):
+                    for entry in _kernel_entries(value):
+                        if entry.unrecorded:
                             total += 1
                             if len(found) < limit:
                                 found.append((index, entry))

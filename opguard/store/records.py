@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -267,6 +268,63 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
+def _ints(value: Any) -> tuple[int, ...] | None:
+    return tuple(value) if isinstance(value, (list, tuple)) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+@dataclass(frozen=True, slots=True)
+class KernelEntry:
+    """One piece of GPU work an op launched (a kernel, memcpy or memset) as CUPTI reported it,
+    decoded once from the ``kernels`` database's short keys (:mod:`.schema`), so readers name
+    fields instead of spelling msgpack keys. Fields a trace did not store are None; ``stored``
+    keeps the entry as written, which is its JSON form (the diff's ``kernels`` lists)."""
+
+    kind: str  # "kernel", "memcpy" or "memset"
+    name: str
+    grid: tuple[int, ...] | None
+    block: tuple[int, ...] | None
+    stream: int | None
+    device: int | None
+    start_ns: int | None
+    end_ns: int | None
+    nbytes: int | None
+    unrecorded: bool  # launched after the op, outside any recorded op (``u``)
+    stored: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def decode(cls, raw: Mapping[str, Any]) -> KernelEntry:
+        return cls(
+            kind=str(raw.get("k", "kernel")),
+            name=str(raw.get("n", "?")),
+            grid=_ints(raw.get("g")),
+            block=_ints(raw.get("b")),
+            stream=_int(raw.get("s")),
+            device=_int(raw.get("d")),
+            start_ns=_int(raw.get("t0")),
+            end_ns=_int(raw.get("t1")),
+            nbytes=_int(raw.get("z")),
+            unrecorded=bool(raw.get(schema.KERNEL_UNCLAIMED)),
+            stored=raw,
+        )
+
+    @property
+    def is_kernel(self) -> bool:
+        """A compute kernel (not a memcpy or memset)."""
+        return self.kind == "kernel"
+
+    @property
+    def duration_us(self) -> float:
+        """How long it ran, in µs (0 where a time is missing)."""
+        return ((self.end_ns or 0) - (self.start_ns or 0)) / 1e3
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.stored)
+
+
 @dataclass(frozen=True, slots=True)
 class OpRecord:
     index: int
@@ -281,9 +339,9 @@ class OpRecord:
     outputs: tuple[TensorRecord, ...]
     rng: int | None
     returned: Any = None
-    kernels: tuple[dict[str, Any], ...] = field(default=())
+    kernels: tuple[KernelEntry, ...] = field(default=())
     # GPU work launched after this op, before the next one, by code OpGuard did not record
-    unclaimed_kernels: tuple[dict[str, Any], ...] = field(default=())
+    unclaimed_kernels: tuple[KernelEntry, ...] = field(default=())
     # A kernel Inductor generated: the user's source lines it was made from (call_site stays
     # where the compiled code was called)
     origins: tuple[CallSite, ...] = field(default=())
@@ -311,9 +369,9 @@ class OpRecord:
         if self.returned is not None:
             out["returned"] = _json_number(self.returned)
         if self.kernels:
-            out["kernels"] = list(self.kernels)
+            out["kernels"] = [k.to_json() for k in self.kernels]
         if self.unclaimed_kernels:
-            out["unrecorded_after"] = list(self.unclaimed_kernels)
+            out["unrecorded_after"] = [k.to_json() for k in self.unclaimed_kernels]
         if self.origins:
             out["origins"] = [site.to_json() for site in self.origins]
         return out

@@ -18,11 +18,11 @@ from ..analysis.contract import brief_json, to_json
 from ..analysis.divergence import differing_arguments, differing_tensors
 from ..analysis.lookup import input_tensor, source_around
 from ..analysis.rows import RankRows, Row, Side
+from ..analysis.text import VALUES_SHOWN
 from ..store import OpRecord, RankTrace, Run, TensorRecord
 from .registry import Pages, ToolError
 
 SOURCE_MAX = 20  # lines on each side of the call line
-VALUES_SHOWN = 4  # leading elements of a tensor in the op tool (show --ops --json has all kept)
 CONTEXT_ROWS = 3  # rows shown before the op when no offset is given
 ROW_COLUMNS = ["a", "b", "status", "op", "site_a", "site_b"]
 
@@ -392,8 +392,8 @@ def kernels(args: dict[str, Any]) -> Pages:
     the GPU work code OpGuard did not record launched after the op (``unrecorded_after``)."""
     with _trace(args) as trace:
         op = trace.op(args["index"])
-    found = list(op.kernels)
-    unrecorded = list(op.unclaimed_kernels)
+    found = [k.to_json() for k in op.kernels]
+    unrecorded = [k.to_json() for k in op.unclaimed_kernels]
 
     def render(offset: int, limit: int) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -21,15 +21,18 @@ from rich.text import Text
 from ..analysis.divergence import differing_arguments, differing_tensors
 from ..analysis.elementwise import ElementwiseDiff, compare
 from ..analysis.rows import Row, Side
+from ..analysis.text import (
+    KERNELS_LISTED,
+    ORIGINS_SHOWN,
+    kernel_cells,
+    leading_bits,
+    leading_values,
+    stats_text,
+)
 from ..store import CallSite, OpRecord, RankTrace, TensorRecord, TraceError
-from ..store.records import STAT_NAMES
 
-VALUES_SHOWN = 4
-KERNELS_SHOWN = 8
-ORIGINS_SHOWN = 4  # source lines shown of a kernel Inductor generated
 HEAT_DIMS = 2  # strips shown per captured tensor
 DIFFERS = "bold red"
-COUNTS = ("nan", "inf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,10 +127,6 @@ def display_path(path: str) -> str:
     return path
 
 
-def _num(value: Any) -> str:
-    return f"{value:.8g}" if isinstance(value, float) else str(value)
-
-
 def _tensor_text(t: TensorRecord | None, other: TensorRecord | None) -> Text:
     """A tensor's shape, fingerprint, leading values (as numbers and raw bits) and stats;
     leading values that differ from ``other``'s are marked."""
@@ -135,17 +134,16 @@ def _tensor_text(t: TensorRecord | None, other: TensorRecord | None) -> Text:
         return Text("(absent)", style="dim")
     text = Text(f"{t.describe_shape()}  fp {t.fingerprint_text()}")
     if t.head:
-        values, bits = t.values()[:VALUES_SHOWN], t.bits()[:VALUES_SHOWN]
-        theirs = other.bits()[:VALUES_SHOWN] if other is not None and other.head else None
+        values, bits = leading_values(t), leading_bits(t)
+        theirs = leading_bits(other) if other is not None and other.head else None
         text.append("\n")
         for at, (value, bit) in enumerate(zip(values, bits, strict=False)):
             differs = theirs is not None and (at >= len(theirs) or theirs[at] != bit)
-            text.append(f"{_num(value)} ", style=DIFFERS if differs else "")
+            text.append(f"{value} ", style=DIFFERS if differs else "")
         text.append("\n" + " ".join(bits), style="dim")
-    if t.stats is not None and t.stats[0] is not None:
-        # NaN and Inf counts only when there are any.
-        stats = [(n, v) for n, v in zip(STAT_NAMES, t.stats, strict=False) if n not in COUNTS or v]
-        text.append("\n" + " ".join(f"{n} {_num(v)}" for n, v in stats), style="dim")
+    stats = stats_text(t)
+    if stats is not None:
+        text.append("\n" + stats, style="dim")
     return text
 
 
@@ -295,19 +293,10 @@ def _kernels(a: OpRecord | None, b: OpRecord | None) -> Table | None:
     for column in ("run", "kind", "name", "grid / bytes", "stream", "µs"):
         table.add_column(column)
     for run, kernels in groups:
-        for k in kernels[:KERNELS_SHOWN]:
-            shape = f"{k['g']} {k['b']}" if "g" in k else f"{k.get('z', '')}"
-            micros = (k.get("t1", 0) - k.get("t0", 0)) / 1e3
-            table.add_row(
-                run,
-                k.get("k", "kernel"),
-                k.get("n", "?"),
-                shape,
-                str(k.get("s", "")),
-                f"{micros:.1f}",
-            )
-        if len(kernels) > KERNELS_SHOWN:
-            table.add_row(run, "", f"… {len(kernels) - KERNELS_SHOWN} more", "", "", "")
+        for k in kernels[:KERNELS_LISTED]:
+            table.add_row(run, *kernel_cells(k))
+        if len(kernels) > KERNELS_LISTED:
+            table.add_row(run, "", f"… {len(kernels) - KERNELS_LISTED} more", "", "", "")
     return table
 
 

@@ -11,10 +11,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ..analysis.state_diff import StatePair, StepComparison, StepDivergence
+from ..analysis.text import VALUES_SHOWN, number
 from ..store import TensorRecord
 
 ROWS_SHOWN = 40  # differing entries listed; the rest are counted
-VALUES_SHOWN = 4
 DIFFERS = "bold red"
 
 
@@ -66,10 +66,7 @@ def _tensor(t: TensorRecord, other: TensorRecord) -> Text:
         text.append("\n")
         for k, value in enumerate(mine):
             differs = k >= len(theirs) or theirs[k] != value
-            text.append(
-                f"{value:.8g} " if isinstance(value, float) else f"{value} ",
-                DIFFERS if differs else "",
-            )
+            text.append(f"{number(value)} ", DIFFERS if differs else "")
     if t.stats is not None and t.stats[0] is not None:
         mn, mx, mean, absmax = t.stats[:4]
         text.append(f"\nmin {mn:.6g} max {mx:.6g} mean {mean:.6g} |max| {absmax:.6g}", "dim")

@@ -9,6 +9,7 @@ from textual.widgets import Static
 
 from ...analysis import RankDiff
 from ...analysis.steps import StepCount
+from ...analysis.verdict import label
 from ..session import RunState
 
 
@@ -40,7 +41,7 @@ class RunHeader(Static):
             text.append(" DIVERGED ", style="bold white on red")
             first = diff.first or diff.state_first
             assert first is not None
-            kind = first.kind if first.kind == first.cause else f"{first.kind} ({first.cause})"
+            kind = label(first.kind, first.cause)
             seen = "first seen in step" if diff.first is not None else "first differing step"
             text.append(f"  {kind}, {seen} {first.step}")
         where = f"  rank {rank} ({len(ranks)} compared)"
