@@ -1,8 +1,8 @@
 """How ``opguard diff`` scales: wall time and peak memory on synthetic GPT-2-like traces of 1M and
 10M ops per side.
 
-The traces are genuine: written with the real :class:`~opguard.store.writer.TraceWriter` and
-:func:`~opguard.store.meta.write_meta`, with records shaped like the recorder's. One training
+The traces are genuine: written through tests/traces.py's builder (the real writer and
+:func:`~opguard.store.meta.write_meta`), with records shaped like the recorder's. One training
 step of a 12-layer GPT-2 (batch 8 x 1024, AdamW) is modelled as a template of ~2.3k ops (forward,
 backward with forward call sites, per-parameter optimizer ops, one ``.item()``), with realistic op
 names, call sites with source lines, interned user stacks, 1-3 tensor inputs carrying producers,
@@ -45,8 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from opguard.store import schema
-from opguard.store.meta import write_meta
-from opguard.store.writer import TraceWriter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the trace builder
+from traces import TraceBuilder
 
 BUILDER_VERSION = 2
 INSERT_EVERY = 100_000
@@ -193,14 +194,14 @@ STACKS: dict[str, tuple[str, ...]] = {
 }
 
 
-def site_payload(name: str) -> tuple[tuple[str, int, str], list[Any]]:
-    """What the recorder interns for a call site: its identity and [file, line, function,
-    source lines around it]."""
+def site_of(name: str) -> tuple[str, int, str, list[list[Any]]]:
+    """What the recorder interns for a call site: file, line, function and the source lines
+    around it."""
     path, function, text = SITES[name]
     line = _line(path, text)
     lines = SOURCES[path]
     source = [[n, lines[n - 1]] for n in range(max(1, line - 3), min(len(lines), line + 3) + 1)]
-    return (path, line, function), [path, line, function, source]
+    return path, line, function, source
 
 
 # -- one training step as a template of ops ------------------------------------------------------
@@ -944,26 +945,18 @@ def write_side(run_dir: Path, plan: Plan, side: str) -> int:
         "started": started,
         "status": "running",
     }
-    write_meta(run_dir, meta)
-    writer = TraceWriter(
-        run_dir / schema.rank_dir_name(0),
-        start_info={"rank": 0, "pid": os.getpid(), "started": started},
-        batch_size=16384,
-    )
+    start = {"pid": os.getpid(), "started": started}
+    run = TraceBuilder(run_dir, meta=meta, start=start, batch_size=16384)
 
     class Names(dict):  # interned on first use, in the order a recorder meets them
         def __missing__(self, key: str) -> int:
-            value = self[key] = writer.intern_name(key)
+            value = self[key] = run.name(key)
             return value
 
     class Sites(dict):
         def __missing__(self, key: str) -> tuple[int, int]:
-            frames = []
-            for s in STACKS[key]:
-                ident, payload = site_payload(s)
-                frames.append(writer.intern_site(ident, lambda p=payload: p))
-            stack = tuple(frames)
-            value = self[key] = (frames[-1], writer.intern_stack(stack, lambda: list(stack)))
+            frames = [run.site(*site_of(s)) for s in STACKS[key]]
+            value = self[key] = (frames[-1], run.stack(frames))
             return value
 
     names, sites = Names(), Sites()
@@ -973,8 +966,8 @@ def write_side(run_dir: Path, plan: Plan, side: str) -> int:
         names["aten::linalg_vector_norm.default"], sites["hook"]
     template.ids = {"name": names, "site": sites}  # type: ignore[attr-defined]
     count = 0
-    for index, record in records(template, plan, side):
-        writer.append(index, record)
+    for _index, record in records(template, plan, side):
+        run.append(record)
         count += 1
     end = {
         "status": "finished",
@@ -984,10 +977,7 @@ def write_side(run_dir: Path, plan: Plan, side: str) -> int:
         "error": None,
         "stopped": None,
     }
-    error = writer.close(end)
-    if error is not None:
-        raise RuntimeError(f"writing {run_dir}: {error}")
-    write_meta(run_dir, {**meta, **end, "ended": time.time(), "recorder_failure": None})
+    run.close(end, meta={**end, "ended": time.time(), "recorder_failure": None})
     return count
 
 

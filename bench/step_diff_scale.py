@@ -1,8 +1,8 @@
 """How ``opguard diff`` scales on step-level records: wall time and peak memory of two
 10,000-step runs of GPT-2 124M recorded at step level (``opguard record --steps-only``).
 
-The traces are genuine: written with the real :class:`~opguard.store.writer.TraceWriter`
-(``put_step``, ``intern_state``) and :func:`~opguard.store.meta.write_meta`, each step record
+The traces are genuine: written through tests/traces.py's builder (the real writer's
+``put_step`` and ``intern_state``, and :func:`~opguard.store.meta.write_meta`), each step record
 shaped like the recorder's: the loss, the gradient of each of GPT-2's 148 parameter tensors
 (nanoGPT's names, ``transformer.h.3.mlp.c_fc.weight``), the parameters after AdamW's update,
 its three states per parameter (``exp_avg``, ``exp_avg_sq``, ``step``) and the CPU and CUDA
@@ -44,11 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from diff_scale import run_diff, warm
+from traces import TraceBuilder  # diff_scale puts tests/ on sys.path
 
 from opguard.store import schema
-from opguard.store.meta import write_meta
-from opguard.store.states import encode_step
-from opguard.store.writer import TraceWriter
 
 BUILDER_VERSION = 2
 LAYERS, WIDTH, VOCAB, CONTEXT = 12, 768, 50257, 1024
@@ -154,12 +152,11 @@ def write_side(run_dir: Path, plan: Plan, side: str) -> int:
         "started": started,
         "status": "running",
     }
-    write_meta(run_dir, meta)
-    rank_dir = run_dir / schema.rank_dir_name(0)
-    writer = TraceWriter(rank_dir, start_info={"rank": 0, "pid": os.getpid(), "started": started})
+    start = {"pid": os.getpid(), "started": started}
+    run = TraceBuilder(run_dir, meta=meta, start=start)
     entries = step_entries()
     names = sorted({e[1] for e in entries}, reverse=plan.names_differ and side == "b")
-    ids = {name: writer.intern_state(name) for name in names}
+    ids = {name: run.state_name(name) for name in names}
     other_mean = plan.stats_differ and side == "b"
     for step in range(plan.steps):
         stored = [
@@ -171,13 +168,10 @@ def write_side(run_dir: Path, plan: Plan, side: str) -> int:
             )
             for entry in entries
         ]
-        writer.put_step(step, encode_step(step, stored))
+        run.step_record(step, stored)
     end = {"status": "finished", "steps": plan.steps, "exit_code": 0, "error": None}
-    error = writer.close(end)
-    if error is not None:
-        raise RuntimeError(f"writing {run_dir}: {error}")
-    write_meta(run_dir, {**meta, **end, "ended": time.time()})
-    return (rank_dir / "data.mdb").stat().st_size
+    run.close(end, meta={**end, "ended": time.time()})
+    return (run.rank_dir / "data.mdb").stat().st_size
 
 
 def build_pair(root: Path, plan: Plan, *, parallel: bool = True) -> tuple[float, bool, int]:

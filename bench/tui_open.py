@@ -1,6 +1,6 @@
 """Time for ``opguard tui`` to open a pair of large traces, and to answer keys once open.
 
-Builds two synthetic runs of ``--ops`` ops (default 1M) with TraceWriter (once; they are kept in
+Builds two synthetic runs of ``--ops`` ops (default 1M) with tests/traces.py (once; they are kept in
 ``--dir`` and reused), B's outputs differing from one op late in the run, then measures with
 ``app.run_test()``: time from opening the runs to the first rendered screen; time per key while
 a key is held (presses arriving faster than handled) during the background diff and after it;
@@ -16,73 +16,50 @@ import asyncio
 import json
 import shutil
 import struct
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from opguard.store import TraceWriter, schema
-from opguard.store.meta import write_meta
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the trace builder
+from traces import TraceBuilder, tensor
 
 SCRIPT = "/bench/train.py"
 OP_NAMES = ("aten::addmm.default", "aten::gelu.default", "aten::add.Tensor", "aten::mul.Tensor")
+LOSS_ITEM = "aten::_local_scalar_dense.default"
 LINES = 40  # distinct call lines, each with its own source
 
 
-def _site(line: int) -> list[Any]:
-    source = [[n, f"    x = layer_{n}(x)  # line {n}"] for n in range(line - 2, line + 3)]
-    return [SCRIPT, line, "forward", source]
+def _source(line: int) -> list[list[Any]]:
+    return [[n, f"    x = layer_{n}(x)  # line {n}"] for n in range(line - 2, line + 3)]
 
 
 def _tensor(slot: str, fingerprint: int, producer: int | None) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "n": slot,
-        "d": "float32",
-        "s": [64, 64],
-        "t": [64, 1],
-        "v": "cpu",
-        "h": fingerprint,
-        "z": 64 * 64 * 4,
-        "b": struct.pack("<4f", 0.5, -1.25, 2.0, fingerprint % 7),
-        "m": [-3.0, 3.0, 0.01, 3.0, 0, 0],
-    }
-    if producer is not None:
-        entry["p"] = [producer, 0]
-    return entry
+    head = struct.pack("<4f", 0.5, -1.25, 2.0, fingerprint % 7)
+    stats = [-3.0, 3.0, 0.01, 3.0, 0, 0]
+    return tensor(slot, fingerprint, producer, shape=(64, 64), b=head, m=stats)
 
 
 def write_run(path: Path, ops: int, per_step: int, diverge_at: int | None) -> None:
     """One rank of ``ops`` ops; from ``diverge_at`` on, outputs carry other fingerprints."""
     start = time.time()
-    path.mkdir(parents=True)
-    write_meta(path, {"schema": schema.SCHEMA_VERSION, "command": ["bench"], "status": "running"})
-    writer = TraceWriter(path / schema.rank_dir_name(0), start_info={"rank": 0})
-    names = [writer.intern_name(n) for n in (*OP_NAMES, "aten::_local_scalar_dense.default")]
-    sites = [
-        writer.intern_site(line, lambda line=line: _site(line)) for line in range(10, 10 + LINES)
-    ]
-    stacks = [writer.intern_stack((s,), lambda s=s: [s]) for s in sites]
+    run = TraceBuilder(path, meta={"command": ["bench"], "status": "running"})
+    sites = [run.site(SCRIPT, line, "forward", _source(line)) for line in range(10, 10 + LINES)]
+    stacks = [run.stack([site]) for site in sites]
     for i in range(ops):
         step, within = divmod(i, per_step)
         salt = 1 if diverge_at is not None and i >= diverge_at else 0
-        record: dict[str, Any] = {"i": i, "o": names[i % len(OP_NAMES)], "s": step, "p": 0}
-        record["c"] = sites[within % LINES]
-        record["k"] = stacks[within % LINES]
-        record["x"] = [_tensor("self", (i * 31) & 0xFFFFFFFF, i - 1 if i else None)]
-        record["y"] = [_tensor("0", (i * 17 + salt) & 0xFFFFFFFF, None)]
+        site, stack = sites[within % LINES], stacks[within % LINES]
+        inputs = [_tensor("self", (i * 31) & 0xFFFFFFFF, i - 1 if i else None)]
         if within == per_step - 1:  # the step's loss.item()
-            record["o"], record["x"], record["y"] = names[-1], record["x"][:1], []
-            record["v"] = 5.0 / (1 + step) + salt * 1e-3
-        writer.append(i, record)
-    writer.close({"status": "finished", "ops": ops})
-    write_meta(
-        path,
-        {
-            "schema": schema.SCHEMA_VERSION,
-            "command": ["bench"],
-            "status": "finished",
-            "started": start,
-            "ended": time.time(),
-        },
+            loss = 5.0 / (1 + step) + salt * 1e-3
+            run.op(LOSS_ITEM, inputs, [], step=step, site=site, k=stack, v=loss)
+        else:
+            outputs = [_tensor("0", (i * 17 + salt) & 0xFFFFFFFF, None)]
+            run.op(OP_NAMES[i % len(OP_NAMES)], inputs, outputs, step=step, site=site, k=stack)
+    run.close(
+        {"status": "finished", "ops": ops},
+        meta={"status": "finished", "started": start, "ended": time.time()},
     )
 
 

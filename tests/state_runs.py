@@ -1,6 +1,6 @@
-"""Small runs with step-level records, written with the real :class:`TraceWriter` and
-``write_meta`` the way the recorder writes them (``put_step(encode_step(...))``), for the tests
-of the step-level diff and its front ends (no torch).
+"""Small runs with step-level records, written through tests/traces.py's builder (the real
+writer, as the recorder writes them), for the tests of the step-level diff and its front ends
+(no torch).
 
 A run is a tiny model (two linear layers, a norm with running statistics, Adam) whose state at
 the end of each step is: the loss, a gradient per parameter, the parameters, two optimizer
@@ -19,9 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from opguard.store import TraceWriter, schema
-from opguard.store.meta import write_meta
-from opguard.store.states import encode_step
+from traces import OPTIMIZER, TraceBuilder, tensor
 
 PARAMS = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "norm.weight")
 OPTIMIZER_SLOTS = ("exp_avg", "exp_avg_sq")
@@ -74,14 +72,6 @@ def _value(entry: Entry, step: int, differ: Mapping[str, int]) -> int:
     return fingerprint(entry, step, 7 if any(step >= start for start in starts) else 0)
 
 
-def _tensor(slot: str, value: int, producer: int | None) -> dict[str, Any]:
-    entry: dict[str, Any] = {"n": slot, "d": "float32", "s": [4], "t": [1], "v": "cpu"}
-    entry.update(h=value, z=16)
-    if producer is not None:
-        entry["p"] = [producer, 0]
-    return entry
-
-
 def write_state_run(
     path: Path,
     *,
@@ -102,32 +92,24 @@ def write_state_run(
     ``reverse_names``: state names interned in another order (ids differ, names do not);
     ``other_stats``: equal contents with means computed as on another device;
     ``step_records=False``: op records only, as recorded before step-level records existed."""
-    path.mkdir(parents=True, exist_ok=True)
-    write_meta(path, {"schema": schema.SCHEMA_VERSION, "command": ["test"], "status": "finished"})
-    writer = TraceWriter(path / schema.rank_dir_name(rank), start_info={"rank": rank})
+    builder = TraceBuilder(path, rank=rank, site=(str(path.parent / "train.py"), 9, "main", ""))
     entries = [e for e in model_entries() if e not in set(missing)] + list(extra)
     names = sorted({e[1] for e in entries}, reverse=reverse_names)
-    ids = {name: writer.intern_state(name) for name in names}
-    site = writer.intern_site("train", lambda: [str(path.parent / "train.py"), 9, "main", []])
-    ops = {name: writer.intern_name(name) for name in ("aten::mm.default", "aten::add_.Tensor")}
+    ids = {name: builder.state_name(name) for name in names}
     windows, steps = set(op_steps), list(steps)
-    index = 0
     for step in steps:
         if step in windows:  # mm (origin of a change), then the optimizer's update reading it
             shift = 7 if ops_differ_from is not None and step >= ops_differ_from else 0
             mm = zlib.crc32(f"mm@{step}".encode()) + shift
-            writer.append(
-                index,
-                {"i": index, "o": ops["aten::mm.default"], "s": step, "p": 0, "c": site}
-                | {"x": [], "y": [_tensor("0", mm, None)]},
-            )
+            product = builder.op("aten::mm.default", [], [_tensor("0", mm)], step=step)
             update = zlib.crc32(f"add@{step}".encode()) + shift
-            writer.append(
-                index + 1,
-                {"i": index + 1, "o": ops["aten::add_.Tensor"], "s": step, "p": 2, "c": site}
-                | {"x": [_tensor("other", mm, index)], "y": [_tensor("0", update, None)]},
+            builder.op(
+                "aten::add_.Tensor",
+                [_tensor("other", mm, product)],
+                [_tensor("0", update)],
+                step=step,
+                phase=OPTIMIZER,
             )
-            index += 2
         if not step_records:
             continue
         stored = [
@@ -139,19 +121,11 @@ def write_state_run(
             )
             for entry in entries
         ]
-        writer.put_step(step, encode_step(step, stored))
+        builder.step_record(step, stored)
     if finished:
-        writer.close({"status": "finished", "steps": max(steps, default=-1) + 1})
-    else:
-        writer.close({})  # then the end record is removed below, as after a kill
-        _drop_end(path / schema.rank_dir_name(rank))
-    return path
+        return builder.close({"status": "finished", "steps": max(steps, default=-1) + 1})
+    return builder.close({}, killed=True)
 
 
-def _drop_end(rank_dir: Path) -> None:
-    import lmdb
-
-    env = lmdb.open(str(rank_dir), max_dbs=len(schema.DB_NAMES))
-    with env.begin(write=True) as txn:
-        txn.delete(b"end", db=env.open_db(b"info", txn=txn))
-    env.close()
+def _tensor(slot: str, fingerprint: int, producer: int | None = None) -> dict[str, Any]:
+    return tensor(slot, fingerprint, producer, shape=(4,))

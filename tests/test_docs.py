@@ -1,4 +1,5 @@
-"""The documentation a user reads holds: every relative link in README.md and docs/ resolves,
+"""The documentation a user reads holds: every relative link in README.md and docs/ resolves
+(to a file, and to a heading where it names one),
 the README stays a first-time user's page, and every key ``opguard diff --json`` writes is
 specified in docs/json-contract.md."""
 
@@ -25,9 +26,14 @@ README_LIMIT = 12 * 1024  # bytes: what a first-time user reads; the manual is i
 FREE_FORM = {"kernels", "by_kind", "group"}
 
 
+def _prose(page: Path) -> str:
+    """A page's text outside code blocks (links and headings in code are text)."""
+    return re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_relative_links_resolve(page: Path) -> None:
-    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # links in code are text
+    text = _prose(page)
     broken = [
         target
         for target in LINK.findall(text)
@@ -36,6 +42,26 @@ def test_relative_links_resolve(page: Path) -> None:
         and not (page.parent / target.split("#")[0]).exists()
     ]
     assert not broken, f"{page.name}: links to missing files: {broken}"
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors of a page's headings, as GitHub spells them."""
+    headings = re.findall(r"^#+ (.*)$", _prose(page), flags=re.M)
+    return {
+        re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings
+    }
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_links_to_headings_resolve(page: Path) -> None:
+    broken = []
+    for target in LINK.findall(_prose(page)):
+        file, _, anchor = target.partition("#")
+        linked = page.parent / file if file else page
+        external = re.match(r"[a-z]+:", target) or linked.suffix != ".md" or not linked.is_file()
+        if anchor and not external and anchor not in _anchors(linked):
+            broken.append(target)  # a missing file is test_relative_links_resolve's to report
+    assert not broken, f"{page.name}: links to missing headings: {broken}"
 
 
 def test_the_readme_is_short() -> None:

@@ -19,9 +19,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import lmdb
 import pytest
 from conftest import cli_in_process, run_cli
+from traces import TraceBuilder
 
 import opguard
 from opguard import _C
@@ -29,8 +29,7 @@ from opguard.analysis import diff_runs
 from opguard.analysis.steps import count_steps
 from opguard.cli import build_parser
 from opguard.cli.commands.capture import target_of
-from opguard.store import Run, TraceWriter, schema
-from opguard.store.meta import write_meta
+from opguard.store import Run
 
 # Three optimizer steps, then one op after the last (the printed loss). With "nan", run B also
 # takes the log of a negative number after the last step.
@@ -163,19 +162,10 @@ def test_a_step_limit_in_code_counts_the_steps_recorded(tmp_path: Path) -> None:
 
 def _written(path: Path, steps: list[int], end: dict[str, Any] | None) -> Path:
     """A trace whose ops carry these step numbers, ended as ``end`` says (None: killed)."""
-    path.mkdir()
-    writer = TraceWriter(path / "rank-0", start_info={"rank": 0})
-    name = writer.intern_name("aten::add.Tensor")
-    for index, step in enumerate(steps):
-        writer.append(index, {"i": index, "o": name, "s": step})
-    writer.close(end or {})
-    if end is None:
-        env = lmdb.open(str(path / "rank-0"), max_dbs=len(schema.DB_NAMES))
-        with env.begin(write=True) as txn:
-            txn.delete(b"end", db=env.open_db(b"info", txn=txn))
-        env.close()
-    write_meta(path, {"schema": schema.SCHEMA_VERSION})
-    return path
+    trace = TraceBuilder(path)
+    for step in steps:
+        trace.op("aten::add.Tensor", step=step)
+    return trace.close(end or {}, killed=end is None)
 
 
 @pytest.mark.parametrize(

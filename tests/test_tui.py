@@ -1,7 +1,7 @@
 """``opguard tui``: the debug cursor on its own, the row model on small written traces, and the
 app driven headless (``run_test``) on the demo runs, plus snapshots of its main layouts.
 
-The snapshots use a small pair of traces written here with TraceWriter (no torch), so they are
+The snapshots use a small pair of traces written here through tests/traces.py (no torch), so they are
 the same on every machine; behaviour is checked on the real demo recording.
 """
 
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import lmdb
 import pytest
 from conftest import run_cli
 from rich.console import Console
+from traces import TraceBuilder, tensor
 
 from opguard.analysis import diff_runs
 from opguard.analysis.rows import OpLine, Row, Side, Status
@@ -33,7 +33,6 @@ from opguard.store import (
     Run,
     TensorRecord,
     TraceError,
-    TraceWriter,
     schema,
 )
 from opguard.store.meta import write_meta
@@ -225,54 +224,31 @@ def main():
 """.splitlines()
 
 
-def _site(root: Path, line: int, function: str) -> list[Any]:
-    around = range(max(1, line - 3), min(len(SOURCE), line + 3) + 1)
-    return [str(root / "train.py"), line, function, [[n, SOURCE[n - 1]] for n in around]]
+def _source_around(line: int) -> list[list[Any]]:
+    return [[n, SOURCE[n - 1]] for n in range(max(1, line - 3), min(len(SOURCE), line + 3) + 1)]
 
 
 def _tensor(slot: str, fingerprint: int, producer: int | None, values: tuple[float, ...]) -> dict:
-    entry: dict[str, Any] = {
-        "n": slot,
-        "d": "float32",
-        "s": [4, 8],
-        "t": [8, 1],
-        "v": "cpu",
-        "h": fingerprint,
-        "z": 128,
-        "b": struct.pack(f"<{len(values)}f", *values),
-        "m": [min(values), max(values), sum(values) / len(values), max(map(abs, values)), 0, 0],
-    }
-    if producer is not None:
-        entry["p"] = [producer, 0]
-    return entry
+    stats = [min(values), max(values), sum(values) / len(values), max(map(abs, values)), 0, 0]
+    head = struct.pack(f"<{len(values)}f", *values)
+    return tensor(slot, fingerprint, producer, shape=(4, 8), b=head, m=stats)
 
 
 def write_run(path: Path, *, candidate: bool, finished: bool = True) -> None:
     """Three steps of a tiny model. The candidate passes another layer-norm eps (the first
     divergence, in step 0), inserts an equal ``* 1.0`` and lacks step 1's clone. Each op reads
-    the previous op's output."""
-    path.mkdir(parents=True)
-    write_meta(path, {"schema": schema.SCHEMA_VERSION, "command": ["test"], "status": "finished"})
-    writer = TraceWriter(path / "rank-0", start_info={"rank": 0})
-    root = path.parent
-    keys = [
-        (14, "main"),
-        (15, "main"),
-        (16, "main"),
-        (6, "forward"),
-        (7, "forward"),
-        (8, "forward"),
-        (9, "forward"),
-    ]
-    sites = {key: writer.intern_site(key, lambda key=key: _site(root, *key)) for key in keys}
+    the previous op's output. Not ``finished``: as if the recorder were still writing (no end
+    record yet, ``meta.json`` says running)."""
+    run = TraceBuilder(path, meta=None if finished else {"status": "running"})
+    train = str(path.parent / "train.py")
+    keys = [(14, "main"), (15, "main"), (16, "main")]
+    keys += [(6, "forward"), (7, "forward"), (8, "forward"), (9, "forward")]
+    sites = {key: run.site(train, *key, _source_around(key[0])) for key in keys}
     stacks = {
-        key: writer.intern_stack(frames, lambda frames=frames: list(frames))
+        key: run.stack([sites[14, "main"]] if key[1] == "main" else [sites[14, "main"], sites[key]])
         for key in keys
-        for frames in [
-            (sites[14, "main"],) if key[1] == "main" else (sites[14, "main"], sites[key])
-        ]
     }
-    index, fingerprint = 0, 0
+    fingerprint = 0
     for step in range(3):
         ops: list[tuple[str, tuple[int, str], int, dict[str, Any]]] = [
             ("aten::randn.default", (14, "main"), 0, {}),
@@ -298,35 +274,21 @@ def write_run(path: Path, *, candidate: bool, finished: bool = True) -> None:
         for name, site, phase, args in ops:
             if candidate and "layer_norm" in name:
                 shift = 7
-            record: dict[str, Any] = {
-                "i": index,
-                "o": writer.intern_name(name),
-                "s": step,
-                "p": phase,
-                "c": sites[site],
-                "k": stacks[site],
-            }
+            fields: dict[str, Any] = {"k": stacks[site]}
             if args:
-                record["a"] = [[k, v] for k, v in args.items()]
-            if index:
-                record["x"] = [_tensor("self", fingerprint, index - 1, (0.5, -1.0, 2.0))]
+                fields["a"] = [[k, v] for k, v in args.items()]
+            inputs = []
+            if run.index:
+                inputs = [_tensor("self", fingerprint, run.index - 1, (0.5, -1.0, 2.0))]
+            outputs = []
             if "local_scalar" in name:
-                record["v"] = 2.0 / (1 + step) + shift * 1e-7
+                fields["v"] = 2.0 / (1 + step) + shift * 1e-7
             else:
                 if name not in ("aten::mul.Tensor", "aten::clone.default"):  # copies: same data
                     fingerprint = zlib.crc32(f"{step}:{name}".encode()) + shift
-                record["y"] = [_tensor("0", fingerprint, None, (0.25, 1.5 + shift * 1e-7, -3.0))]
-            writer.append(index, record)
-            index += 1
-    writer.close({"status": "finished", "steps": 3})  # as the recorder ends a trace
-    if not finished:  # as if the recorder were still writing: no end record yet
-        env = lmdb.open(str(path / "rank-0"), max_dbs=len(schema.DB_NAMES))
-        with env.begin(write=True) as txn:
-            txn.delete(b"end", db=env.open_db(b"info", txn=txn))
-        env.close()
-        write_meta(
-            path, {"schema": schema.SCHEMA_VERSION, "command": ["test"], "status": "running"}
-        )
+                outputs = [_tensor("0", fingerprint, None, (0.25, 1.5 + shift * 1e-7, -3.0))]
+            run.op(name, inputs, outputs, step=step, phase=phase, site=sites[site], **fields)
+    run.close({"status": "finished", "steps": 3}, killed=not finished)
 
 
 @pytest.fixture
@@ -341,17 +303,12 @@ def written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
 
 def test_step_index_matches_a_full_read(tmp_path: Path) -> None:
     path = tmp_path / "run"
-    path.mkdir()
-    writer = TraceWriter(path / "rank-0", start_info={"rank": 0})
-    name = writer.intern_name("aten::add.Tensor")
     lengths = {0: 5, 1: 5, 2: 1, 4: 9, 5: 5, 9: 2}  # irregular, with steps that have no ops
-    index = 0
-    for step, count in lengths.items():
-        for _ in range(count):
-            writer.append(index, {"i": index, "o": name, "s": step})
-            index += 1
-    writer.close({})
-    write_meta(path, {"schema": schema.SCHEMA_VERSION})
+    with TraceBuilder(path) as trace:
+        for step, count in lengths.items():
+            for _ in range(count):
+                trace.op("aten::add.Tensor", step=step)
+    index = trace.index
     with Run(path) as run:
         steps = StepIndex(run.rank(0))
     assert [(r.step, r.stop - r.start) for r in steps.ranges] == list(lengths.items())
