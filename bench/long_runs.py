@@ -15,9 +15,12 @@ takes on disk: LMDB's file may hold unwritten room).
 
     python bench/long_runs.py [--overhead overhead.json] [--steps 1000] [--keep-last 20]
                               [--reference 25] [--batch 2] [--seq 256] [--layers 12]
-                              [--device cuda] [--json long_runs.json]
+                              [--width 768] [--device cuda] [--json long_runs.json]
 
-``--layers 2 --steps 40 --device cpu`` checks the script in a minute on a machine without a GPU.
+``--layers 2 --steps 40 --device cpu`` checks the script in a minute on a machine without a GPU;
+``--layers 2 --width 128 --batch 1 --seq 32 --device cpu`` runs all 1,000 steps on a CPU in
+minutes (a narrower model of GPT-2's shape: the flight recorder's bound in steps of op-level
+trace depends on the ops a step records, not on their size).
 """
 
 from __future__ import annotations
@@ -126,6 +129,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--width", type=int, default=768, help="n_embd (heads of 64)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -139,7 +143,12 @@ def main() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = GPT2Config(n_positions=args.seq, n_layer=args.layers)
+    config = GPT2Config(
+        n_positions=args.seq,
+        n_layer=args.layers,
+        n_embd=args.width,
+        n_head=max(1, args.width // 64),
+    )
     model = GPT2LMHeadModel(config).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = torch.randint(0, config.vocab_size, (args.batch, args.seq), device=args.device)
@@ -171,7 +180,11 @@ def main() -> None:
     ops_kept = kept["file"] - kept["step_records"]
     in_steps = ops_kept / per_step
     total_steps = kept["file"] / per_step
-    name = "GPT-2 124M" if args.layers == 12 else f"GPT-2 with {args.layers} layer(s)"
+    name = (
+        "GPT-2 124M"
+        if (args.layers, args.width) == (12, 768)
+        else f"GPT-2 with {args.layers} layer(s) of width {args.width}"
+    )
     device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     print(f"{name}, batch {args.batch} x {args.seq}, {device}, torch {torch.__version__}")
     print(
@@ -197,6 +210,7 @@ def main() -> None:
         "batch": args.batch,
         "seq": args.seq,
         "layers": args.layers,
+        "width": args.width,
         "device": device,
         "op_trace_bytes_per_step": per_step,
         "reference": full,
