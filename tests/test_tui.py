@@ -43,7 +43,7 @@ from opguard.tui.screens.help import HelpScreen
 from opguard.tui.series import loss_series
 from opguard.tui.session import Session
 from opguard.tui.widgets.agent_panel import AgentPanel
-from opguard.tui.widgets.detail_pane import SETTLE_SECONDS
+from opguard.tui.widgets.detail_pane import SETTLE_SECONDS, DetailPane
 from opguard.tui.widgets.prompt import Prompt
 
 SIZE = (150, 44)
@@ -438,9 +438,16 @@ async def test_an_unfinished_run_is_shown_in_the_header(tmp_path: Path) -> None:
 
 
 async def _settle(pilot: Any) -> None:
-    """Waits for background work, and for the detail pane (drawn once keys pause)."""
+    """Waits for background work, and for the detail panes (drawn once keys pause: on a
+    loaded machine that may take more than the pause)."""
     await pilot.app.workers.wait_for_complete()
     await pilot.pause(SETTLE_SECONDS * 2)
+    deadline = time.monotonic() + 10
+    while not all(p.drawn for p in pilot.app.screen.query(DetailPane)):
+        if time.monotonic() > deadline:
+            break
+        await pilot.pause(SETTLE_SECONDS)
+    await pilot.app.workers.wait_for_complete()
 
 
 async def _settle_until(pilot: Any, condition: Callable[[], bool], timeout: float = 60) -> None:

@@ -34,6 +34,12 @@ class DetailPane(VerticalScroll, can_focus=False):
         else:
             self._timer.reset()
 
+    @property
+    def drawn(self) -> bool:
+        """Whether the pane shows the latest content (no draw waits for keys to pause): what
+        a script driving the app waits for before reading the screen."""
+        return self._pending is None
+
     def _draw(self) -> None:
         self._timer = None
         if self._pending is not None:
