@@ -27,7 +27,7 @@ OP_B = Param(
     "op_b", "integer", "op index in run B (default: the one aligned with A's)", "--op-b", minimum=0
 )
 RANK0 = Param("rank", "integer", "rank", "--rank", default=0, minimum=0)
-ANSWERS = "opguard.tools.answers"
+ANSWERS = "opguard.tools"  # the package of every handler
 
 TOOLS: tuple[Tool, ...] = (
     Tool(
@@ -110,13 +110,13 @@ TOOLS: tuple[Tool, ...] = (
             Param("script", "string", "the training script", rest=True),
             Param("args", "array", "the script's own arguments", rest=True),
         ),
-        "opguard.cli.commands.record:answer",
+        f"{ANSWERS}.recording:record",
     ),
     Tool(
         "show",
         "Summarise a recorded run: command, versions, devices, ops and steps per rank, how it ended.",
         (RUN, RANK),
-        "opguard.cli.commands.show:answer",
+        f"{ANSWERS}.runs:show",
     ),
     Tool(
         "diff",
@@ -135,7 +135,7 @@ TOOLS: tuple[Tool, ...] = (
                 default=True,
             ),
         ),
-        f"{ANSWERS}:diff",
+        f"{ANSWERS}.answers:diff",
         page=None,
     ),
     Tool(
@@ -164,7 +164,7 @@ TOOLS: tuple[Tool, ...] = (
                 default=False,
             ),
         ),
-        "opguard.cli.commands.hunt:answer",
+        f"{ANSWERS}.recording:hunt",
         fixed=("--brief",),
     ),
     Tool(
@@ -180,14 +180,14 @@ TOOLS: tuple[Tool, ...] = (
                 default=False,
             ),
         ),
-        f"{ANSWERS}:ops",
+        f"{ANSWERS}.answers:ops",
         page=20,
     ),
     Tool(
         "op",
         "One op in both runs: call sites, arguments (what differs), inputs and outputs with values, bits, stats, producers.",
         PAIR,
-        f"{ANSWERS}:op",
+        f"{ANSWERS}.answers:op",
         page=12,
     ),
     Tool(
@@ -203,7 +203,7 @@ TOOLS: tuple[Tool, ...] = (
             ),
             Param("depth", "integer", "most hops", "--depth", default=8, minimum=1, maximum=64),
         ),
-        f"{ANSWERS}:producers",
+        f"{ANSWERS}.answers:producers",
     ),
     Tool(
         "source",
@@ -225,14 +225,14 @@ TOOLS: tuple[Tool, ...] = (
                 "after", "integer", "lines after it", "--after", default=5, minimum=0, maximum=20
             ),
         ),
-        f"{ANSWERS}:source",
+        f"{ANSWERS}.answers:source",
     ),
     Tool(
         "kernels",
         "GPU kernels, memcpys and memsets an op launched in one run (name, grid, stream, timing), "
         "and apart, those launched after it by code OpGuard did not record.",
         (RUN, INDEX, RANK),
-        f"{ANSWERS}:kernels",
+        f"{ANSWERS}.answers:kernels",
         page=20,
     ),
     Tool(
@@ -258,7 +258,7 @@ TOOLS: tuple[Tool, ...] = (
             ),
             Param("question", "string", "ask this instead of the default question", "--question"),
         ),
-        "opguard.cli.commands.explain:answer",
+        f"{ANSWERS}.explanation:explain",
         fixed=("--brief",),
     ),
     Tool(
@@ -273,7 +273,7 @@ TOOLS: tuple[Tool, ...] = (
             Param("input", "string", "only this input (position or slot name)", "--input"),
             Param("output", "string", "only this output (default: every output)", "--output"),
         ),
-        "opguard.cli.commands.tensor:answer",
+        f"{ANSWERS}.zoom:tensor",
     ),
     Tool(
         "replay",
@@ -297,13 +297,13 @@ TOOLS: tuple[Tool, ...] = (
                 "device", "string", "only this device (default: every GPU, else cpu)", "--device"
             ),
         ),
-        "opguard.cli.commands.replay:answer",
+        f"{ANSWERS}.zoom:replay",
     ),
     Tool(
         "nan",
         "The first op per rank whose outputs hold NaN or Inf while its inputs did not.",
         (RUN, RANK),
-        "opguard.cli.commands.nan:answer",
+        f"{ANSWERS}.runs:nan",
     ),
 )
 

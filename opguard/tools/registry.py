@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..children import Refused
 from ..store.errors import TraceError
 
 MAX_CHARS = 12_000  # per answer: about 3,000 tokens at ~4 characters a token
@@ -236,7 +237,7 @@ class Tool:
         handler: Handler = getattr(importlib.import_module(module), function)
         try:
             return handler(arguments, *context)
-        except (TraceError, QueryError) as exc:
+        except (TraceError, QueryError, Refused) as exc:
             raise ToolError(str(exc)) from None
 
     def call(self, given: Mapping[str, Any]) -> dict[str, Any]:

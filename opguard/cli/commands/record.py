@@ -10,15 +10,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from ...capture_spec import DEFAULT_LIMIT, CaptureSpec, SpecError, parse_size
 from ...record_options import OptionError, RecordOptions, parse_window
 from ...store import TraceError
-from .base import CommandError, call_tool, child_command, directory_name, print_json
-
-OUTPUT_TAIL = 20  # last lines of the script's stdout and stderr in the JSON answer
-LINE_CHARS = 300
+from .base import CommandError, call_tool, directory_name, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -225,28 +221,3 @@ def _module_found(name: str) -> bool:
         return False
     finally:
         sys.path.pop(0)
-
-
-def answer(args: dict[str, Any]) -> dict[str, Any]:
-    """The ``record`` tool: ``opguard record`` in a child process whose output is captured (so
-    it never mixes with the answer, and the caller never imports torch), then the run's ops
-    and steps per rank as ``opguard show`` counts them."""
-    from ...tools import BY_NAME, ToolError
-    from .show import answer as show
-
-    if not args["script"] and not args["module"]:
-        raise ToolError("record needs a script (or a module)")
-    child = child_command(BY_NAME["record"].argv(args, json=False))
-    summary = show({"run": args["output"], "rank": None})
-    return {
-        "run": str(Path(args["output"]).resolve()),
-        "exit_code": child.returncode,
-        "status": summary["run"].get("status"),
-        "ranks": summary["ranks"],
-        "stdout_tail": _tail(child.stdout),
-        "stderr_tail": _tail(child.stderr),
-    }
-
-
-def _tail(text: str) -> list[str]:
-    return [line[:LINE_CHARS] for line in text.splitlines()[-OUTPUT_TAIL:]]
