@@ -50,7 +50,7 @@ def explain_report(
 ) -> tuple[dict[str, Any], int]:
     """The ``opguard.explain/1`` report and the exit status. With ``opening`` (the CLI's
     printing of the bundle or the limits), the conversation is printed as it happens too."""
-    from ...agent import BudgetRefused, ConfigError, ProviderError, open_session, resolve_settings
+    from ..agent import BudgetRefused, ConfigError, ProviderError, open_session, resolve_settings
 
     with Run(path_a) as run_a, Run(path_b) as run_b:
         result = diff_runs(run_a, run_b, rank=rank, step=step)
@@ -79,7 +79,7 @@ def brief_report(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def _report(session: Session) -> dict[str, Any]:
-    from ...agent import HOW_TO_ENABLE
+    from ..agent import HOW_TO_ENABLE
 
     return {
         "schema": SCHEMA,
@@ -103,7 +103,7 @@ class _Transcript:
         self.tools: list[dict[str, Any]] = []
 
     def add(self, event: Event) -> None:
-        from ...agent import CallPlanned, CallSettled, TextPiece, ToolAnswered
+        from ..agent import CallPlanned, CallSettled, TextPiece, ToolAnswered
 
         if isinstance(event, TextPiece):
             self.answer.append(event.text)

@@ -89,7 +89,7 @@ def compare_tensors(
     input_: str | None,
     output: str | None,
 ) -> tuple[OpRecord, OpRecord, list[ElementwiseDiff]]:
-    from ...analysis.elementwise import compare
+    from ..analysis.elementwise import compare
 
     if input_ is not None and output is not None:
         raise ToolError("give --input or --output, not both")
