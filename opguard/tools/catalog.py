@@ -3,6 +3,7 @@ is one entry here (its handler is imported only when it is called)."""
 
 from __future__ import annotations
 
+from ..record_options import declared
 from .registry import MAX_CHARS, Param, Tool
 
 RUN_A = Param("run_a", "string", "run directory of run A (the reference)", required=True)
@@ -27,6 +28,18 @@ OP_B = Param(
     "op_b", "integer", "op index in run B (default: the one aligned with A's)", "--op-b", minimum=0
 )
 RANK0 = Param("rank", "integer", "rank", "--rank", default=0, minimum=0)
+# `opguard record`'s options, as declared with RecordOptions.
+RECORD_OPTIONS = tuple(
+    Param(
+        f.name,
+        switch.kind,
+        switch.help,
+        switch.flag,
+        default=False if switch.kind == "boolean" else None,
+        minimum=switch.minimum,
+    )
+    for f, switch in declared()
+)
 ANSWERS = "opguard.tools"  # the package of every handler
 
 TOOLS: tuple[Tool, ...] = (
@@ -35,78 +48,11 @@ TOOLS: tuple[Tool, ...] = (
         "Run a training script (or -m module) under OpGuard and record every op into RUN_DIR.",
         (
             Param("output", "string", "run directory to create", "-o", required=True),
-            Param(
-                "steps",
-                "integer",
-                "end the run at step N (steps count from 0 or first_step)",
-                "--steps",
-                minimum=1,
-            ),
-            Param(
-                "steps_only",
-                "boolean",
-                "step-level records only, no op (long runs)",
-                "--steps-only",
-                default=False,
-            ),
-            Param(
-                "window",
-                "string",
-                "START:STOP: ops of these steps only",
-                "--window",
-            ),
-            Param(
-                "keep_last",
-                "integer",
-                "keep the ops of the last N steps only",
-                "--keep-last",
-                minimum=1,
-            ),
-            Param(
-                "first_step",
-                "integer",
-                "number of the first step (a resumed run)",
-                "--first-step",
-                minimum=0,
-            ),
+            *RECORD_OPTIONS,
             Param(
                 "python", "string", "interpreter to run under (OpGuard installed there)", "--python"
             ),
             Param("module", "string", "run this module (python -m) instead of a script", "-m"),
-            Param(
-                "capture",
-                "string",
-                "also store the full tensors of these ops (for tensor and replay): indices "
-                "(812), ranges (800-820), op names or call sites (train.py:42), comma-separated",
-                "--capture",
-            ),
-            Param(
-                "capture_limit",
-                "string",
-                "most bytes captured per rank (e.g. 256MiB)",
-                "--capture-limit",
-            ),
-            Param(
-                "eager",
-                "boolean",
-                "turn torch.compile off: compiled functions run op by op",
-                "--eager",
-                default=False,
-            ),
-            Param(
-                "verify_inputs",
-                "boolean",
-                "fingerprint every input again: shows writes no recorded op made",
-                "--verify-inputs",
-                default=False,
-            ),
-            Param(
-                "overwrite",
-                "boolean",
-                "replace an earlier run in RUN_DIR",
-                "--overwrite",
-                default=False,
-            ),
             Param("script", "string", "the training script", rest=True),
             Param("args", "array", "the script's own arguments", rest=True),
         ),
