@@ -32,6 +32,7 @@ from typing import Any
 from .analysis import RunDiff, diff_runs
 from .analysis.contract import to_json
 from .analysis.state_diff import StepDivergence, window_switches
+from .children import refusal
 from .store import Run
 
 SCHEMA = "opguard.hunt/1"
@@ -129,13 +130,10 @@ class Hunter:
 def _failure(rec: Recording, how: str, code: int) -> str:
     """One line: which run failed in which pass, why when OpGuard said why, and where its
     output is."""
-    from .cli.commands.base import ERROR_PREFIX  # the CLI's; loaded by now (it runs hunts)
-
-    lines = rec.log.read_text(errors="replace").rstrip().splitlines()
-    said = lines[-1] if lines else ""
+    said = refusal(code, rec.log.read_text(errors="replace"))
     run = f"run {rec.run.upper()}"
-    if code == 2 and said.startswith(ERROR_PREFIX):  # opguard record refused it
-        return f"{run}: {said.removeprefix(ERROR_PREFIX)} (output: {rec.log})"
+    if said is not None:  # opguard record refused it
+        return f"{run}: {said} (output: {rec.log})"
     return f"{run} failed while recorded {how} (exit status {code}); its output: {rec.log}"
 
 

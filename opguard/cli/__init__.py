@@ -8,7 +8,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from ..children import ERROR_PREFIX
 from ..store.errors import TraceError
+from ..tools.registry import ToolError
 from . import commands
 
 
@@ -96,14 +98,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             code = 0
         else:
             code = args.run(args)
-    except (UsageError, TraceError, commands.CommandError) as exc:
-        print(f"opguard: error: {exc}", file=sys.stderr)
+    except (UsageError, TraceError, ToolError, commands.CommandError) as exc:
+        print(f"{ERROR_PREFIX}{exc}", file=sys.stderr)
         code = 2
     except ImportError as exc:
         missing = _needs_torch(exc, command) or _missing_extension()
         if missing is None:
             raise
-        print(f"opguard: error: {missing}", file=sys.stderr)
+        print(f"{ERROR_PREFIX}{missing}", file=sys.stderr)
         code = 2
     except BrokenPipeError:
         code = 0

@@ -1,7 +1,11 @@
-"""Running a user's script or module as ``__main__`` under a recording session."""
+"""Running a user's script, module or torchrun job under a recording session: what
+``opguard record`` does once its command line is read, and ``python -m opguard.recorder.launch``,
+the same command minus ``--python`` (how another interpreter and torchrun's workers record)."""
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import os
 import runpy
 import sys
@@ -9,9 +13,15 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..record_options import RecordOptions
+from ..children import ERROR_PREFIX
+from ..record_options import OptionError, RecordOptions, add_switches
+from ..store import TraceError
 from .session import TERMINATED, RecordingSession, StepLimitReached
 from .termination import Terminated
+
+
+class TargetError(Exception):
+    """What to record cannot be run (no such script or module): one line."""
 
 
 @dataclass(frozen=True)
@@ -105,12 +115,70 @@ def run_recorded(target: Target, run_dir: Path, options: RecordOptions, command:
     return code
 
 
-def main() -> None:
-    """``python -m opguard.recorder.launch`` is how ``opguard record --python PY`` starts the
-    script under another interpreter: the same CLI, minus ``--python``."""
-    from ..cli import main as cli_main
+def record_target(output: str, options: RecordOptions, words: list[str], module: str | None) -> int:
+    """Records ``words`` (``[--] SCRIPT ARGS…``, a module's arguments after ``-m MODULE``, or
+    ``torchrun …``) into ``output``; the exit status the script itself would have had.
+    :class:`TargetError` when there is nothing to run."""
+    from .torchrun import parse_job, run_torchrun, torchrun_argv
 
-    cli_main(["record", *sys.argv[1:]])
+    target_args = words[1:] if words[:1] == ["--"] else words
+    # As typed (every option, so that `opguard show` tells how the run was made).
+    recorded_as = ["opguard", "record", "-o", output, *options.switches()]
+    launcher = torchrun_argv(target_args, module)
+    if launcher is not None:
+        try:
+            job = parse_job(launcher)
+        except TraceError as exc:
+            raise TargetError(str(exc)) from None
+        command = [*recorded_as, "--", "torchrun", *launcher]
+        return run_torchrun(job, Path(output), options, command)
+    if module:
+        if not _module_found(module):
+            raise TargetError(f"{module}: no such module")
+        target = Target(module, target_args, is_module=True)
+    else:
+        if not target_args:
+            raise TargetError("record needs a script: opguard record -o RUN_DIR -- train.py")
+        script = target_args[0]
+        if not os.path.isfile(script):
+            raise TargetError(f"{script}: no such script")
+        target = Target(script, target_args[1:])
+    # As typed, so that it replays: `-m MODULE ARGS…` or `-- SCRIPT ARGS…`.
+    where = target.describe() if target.is_module else ["--", *target.describe()]
+    return run_recorded(target, Path(output), options, [*recorded_as, *where])
+
+
+def _module_found(name: str) -> bool:
+    """Whether ``-m NAME``'s top-level package exists where ``python -m`` looks (the current
+    directory first). Only the top level is looked up: finding ``pkg.train`` would import
+    ``pkg`` before the recording starts, and its ops would go unrecorded."""
+    top = name.partition(".")[0]
+    sys.path.insert(0, os.getcwd())
+    try:
+        return bool(top) and importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        return False
+    finally:
+        sys.path.pop(0)
+
+
+def main() -> None:
+    """``python -m opguard.recorder.launch -o RUN_DIR [SWITCHES] [-m MODULE] -- SCRIPT ARGS…``:
+    how ``opguard record --python PY`` records under another interpreter, and torchrun starts
+    each worker. Bad input: one line, exit status 2, as ``opguard record`` says it."""
+    parser = argparse.ArgumentParser(prog="python -m opguard.recorder.launch")
+    parser.add_argument("-o", "--output", required=True)
+    add_switches(parser)
+    parser.add_argument("-m", dest="module")
+    parser.add_argument("target", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    try:
+        options = RecordOptions.from_switches(args)
+        code = record_target(args.output, options, args.target, args.module)
+    except (OptionError, TargetError, TraceError) as exc:
+        print(f"{ERROR_PREFIX}{exc}", file=sys.stderr)
+        code = 2
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from torch.optim.optimizer import (
 
 from .. import _C, __version__
 from ..capture_spec import DEFAULT_LIMIT, CaptureSpec, format_size
-from ..record_options import RecordOptions, Window
+from ..record_options import RecordOptions
 from ..store import TraceError, TraceWriter, schema
 from ..store.environment import KEY as ENVIRONMENT
 from ..store.meta import read_meta, recorded_environment, write_meta
@@ -87,58 +87,46 @@ class RecordingSession:
         self,
         run_dir: str | Path,
         *,
-        steps: int | None = None,
         exit_after_steps: bool = False,
-        overwrite: bool = False,
         command: list[str] | None = None,
         rank: int | None = None,
-        eager: bool = False,
-        verify_inputs: bool = False,
-        capture: CaptureSpec | None = None,
-        capture_limit: int = DEFAULT_LIMIT,
-        steps_only: bool = False,
-        first_step: int = 0,
-        window: Window | None = None,
-        keep_last: int | None = None,
+        **options: Any,
     ) -> None:
-        RecordOptions(
-            steps=steps,
-            verify_inputs=verify_inputs,
-            capture=capture,
-            steps_only=steps_only,
-            first_step=first_step,
-            window=window,
-            keep_last=keep_last,
-        ).check()
+        """``options``: the fields of :class:`RecordOptions` (``opguard record``'s options, by
+        name); what cannot be recorded raises :class:`~opguard.record_options.OptionError`."""
+        chosen = RecordOptions(**options)
+        chosen.check()
         self.run_dir = Path(run_dir)
         self.rank = env_rank() if rank is None else rank
         # The run directory (and meta.json) belong to whoever prepared it: opguard record
         # before torchrun, else rank 0.
         self._prepared = prepared_by_parent()
         self._distributed: dict[str, Any] | None = None
-        self.steps_limit = steps
+        self.steps_limit = chosen.steps
         self.exit_after_steps = exit_after_steps
         self.command = command or [sys.executable, *sys.argv]
         self.failure: dict[str, Any] | None = None
         self.state = StepState()
-        self.steps_only = steps_only
-        self.first_step = first_step
-        self.window = window
-        self.keep_last = keep_last
+        self.steps_only = chosen.steps_only
+        self.first_step = chosen.first_step
+        self.window = chosen.window
+        self.keep_last = chosen.keep_last
         self._op_level: OpLevel | None = None
         self._step_records: StepRecorder | None = None
         self._gc_threshold: tuple[int, ...] | None = None
         self._renumber_refused = False
-        self._overwrite = overwrite
-        self.capture = capture
-        self.capture_limit = capture_limit
+        self._overwrite = chosen.overwrite
+        self.capture = chosen.capture
+        self.capture_limit = chosen.capture_limit
         self._capturer: Capturer | None = None
         self._recorder: OpRecorder | None = None
         self._hooks: list[Any] = []
         self._stopped_reason: str | None = None
-        self.eager = eager
-        self.verify_inputs = verify_inputs
-        self._compile_settings = compiled.CompileSettings(eager, regions=not steps_only)
+        self.eager = chosen.eager
+        self.verify_inputs = chosen.verify_inputs
+        self._compile_settings = compiled.CompileSettings(
+            chosen.eager, regions=not chosen.steps_only
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
 

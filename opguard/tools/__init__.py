@@ -1,6 +1,7 @@
-"""Tools for coding agents: one registry of small, documented queries over recorded runs with
-compact, paged, size-bounded JSON answers, served as CLI subcommands (``--json``), listed by
-``opguard tools`` and served over MCP by ``opguard mcp``. Importing this package imports
+"""The answers layer: one registry of small, documented queries over recorded runs with compact,
+paged, size-bounded JSON answers (every answer's code is in this package), printed by the CLI
+(``--json``), listed by ``opguard tools`` and served over MCP by ``opguard mcp``; the in-app
+agent declares its follow-up tools with the same registry. Importing this package imports
 neither torch nor the MCP SDK."""
 
 from .catalog import BY_NAME, GUIDE, TOOLS

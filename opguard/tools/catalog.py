@@ -3,6 +3,7 @@ is one entry here (its handler is imported only when it is called)."""
 
 from __future__ import annotations
 
+from ..record_options import declared
 from .registry import MAX_CHARS, Param, Tool
 
 RUN_A = Param("run_a", "string", "run directory of run A (the reference)", required=True)
@@ -27,7 +28,19 @@ OP_B = Param(
     "op_b", "integer", "op index in run B (default: the one aligned with A's)", "--op-b", minimum=0
 )
 RANK0 = Param("rank", "integer", "rank", "--rank", default=0, minimum=0)
-ANSWERS = "opguard.tools.answers"
+# `opguard record`'s options, as declared with RecordOptions.
+RECORD_OPTIONS = tuple(
+    Param(
+        f.name,
+        switch.kind,
+        switch.help,
+        switch.flag,
+        default=False if switch.kind == "boolean" else None,
+        minimum=switch.minimum,
+    )
+    for f, switch in declared()
+)
+ANSWERS = "opguard.tools"  # the package of every handler
 
 TOOLS: tuple[Tool, ...] = (
     Tool(
@@ -35,88 +48,21 @@ TOOLS: tuple[Tool, ...] = (
         "Run a training script (or -m module) under OpGuard and record every op into RUN_DIR.",
         (
             Param("output", "string", "run directory to create", "-o", required=True),
-            Param(
-                "steps",
-                "integer",
-                "end the run at step N (steps count from 0 or first_step)",
-                "--steps",
-                minimum=1,
-            ),
-            Param(
-                "steps_only",
-                "boolean",
-                "step-level records only, no op (long runs)",
-                "--steps-only",
-                default=False,
-            ),
-            Param(
-                "window",
-                "string",
-                "START:STOP: ops of these steps only",
-                "--window",
-            ),
-            Param(
-                "keep_last",
-                "integer",
-                "keep the ops of the last N steps only",
-                "--keep-last",
-                minimum=1,
-            ),
-            Param(
-                "first_step",
-                "integer",
-                "number of the first step (a resumed run)",
-                "--first-step",
-                minimum=0,
-            ),
+            *RECORD_OPTIONS,
             Param(
                 "python", "string", "interpreter to run under (OpGuard installed there)", "--python"
             ),
             Param("module", "string", "run this module (python -m) instead of a script", "-m"),
-            Param(
-                "capture",
-                "string",
-                "also store the full tensors of these ops (for tensor and replay): indices "
-                "(812), ranges (800-820), op names or call sites (train.py:42), comma-separated",
-                "--capture",
-            ),
-            Param(
-                "capture_limit",
-                "string",
-                "most bytes captured per rank (e.g. 256MiB)",
-                "--capture-limit",
-            ),
-            Param(
-                "eager",
-                "boolean",
-                "turn torch.compile off: compiled functions run op by op",
-                "--eager",
-                default=False,
-            ),
-            Param(
-                "verify_inputs",
-                "boolean",
-                "fingerprint every input again: shows writes no recorded op made",
-                "--verify-inputs",
-                default=False,
-            ),
-            Param(
-                "overwrite",
-                "boolean",
-                "replace an earlier run in RUN_DIR",
-                "--overwrite",
-                default=False,
-            ),
             Param("script", "string", "the training script", rest=True),
             Param("args", "array", "the script's own arguments", rest=True),
         ),
-        "opguard.cli.commands.record:answer",
+        f"{ANSWERS}.recording:record",
     ),
     Tool(
         "show",
         "Summarise a recorded run: command, versions, devices, ops and steps per rank, how it ended.",
         (RUN, RANK),
-        "opguard.cli.commands.show:answer",
+        f"{ANSWERS}.runs:show",
     ),
     Tool(
         "diff",
@@ -135,7 +81,7 @@ TOOLS: tuple[Tool, ...] = (
                 default=True,
             ),
         ),
-        f"{ANSWERS}:diff",
+        f"{ANSWERS}.answers:diff",
         page=None,
     ),
     Tool(
@@ -164,7 +110,7 @@ TOOLS: tuple[Tool, ...] = (
                 default=False,
             ),
         ),
-        "opguard.cli.commands.hunt:answer",
+        f"{ANSWERS}.recording:hunt",
         fixed=("--brief",),
     ),
     Tool(
@@ -180,14 +126,14 @@ TOOLS: tuple[Tool, ...] = (
                 default=False,
             ),
         ),
-        f"{ANSWERS}:ops",
+        f"{ANSWERS}.answers:ops",
         page=20,
     ),
     Tool(
         "op",
         "One op in both runs: call sites, arguments (what differs), inputs and outputs with values, bits, stats, producers.",
         PAIR,
-        f"{ANSWERS}:op",
+        f"{ANSWERS}.answers:op",
         page=12,
     ),
     Tool(
@@ -203,7 +149,7 @@ TOOLS: tuple[Tool, ...] = (
             ),
             Param("depth", "integer", "most hops", "--depth", default=8, minimum=1, maximum=64),
         ),
-        f"{ANSWERS}:producers",
+        f"{ANSWERS}.answers:producers",
     ),
     Tool(
         "source",
@@ -225,14 +171,14 @@ TOOLS: tuple[Tool, ...] = (
                 "after", "integer", "lines after it", "--after", default=5, minimum=0, maximum=20
             ),
         ),
-        f"{ANSWERS}:source",
+        f"{ANSWERS}.answers:source",
     ),
     Tool(
         "kernels",
         "GPU kernels, memcpys and memsets an op launched in one run (name, grid, stream, timing), "
         "and apart, those launched after it by code OpGuard did not record.",
         (RUN, INDEX, RANK),
-        f"{ANSWERS}:kernels",
+        f"{ANSWERS}.answers:kernels",
         page=20,
     ),
     Tool(
@@ -258,7 +204,7 @@ TOOLS: tuple[Tool, ...] = (
             ),
             Param("question", "string", "ask this instead of the default question", "--question"),
         ),
-        "opguard.cli.commands.explain:answer",
+        f"{ANSWERS}.explanation:explain",
         fixed=("--brief",),
     ),
     Tool(
@@ -273,7 +219,7 @@ TOOLS: tuple[Tool, ...] = (
             Param("input", "string", "only this input (position or slot name)", "--input"),
             Param("output", "string", "only this output (default: every output)", "--output"),
         ),
-        "opguard.cli.commands.tensor:answer",
+        f"{ANSWERS}.zoom:tensor",
     ),
     Tool(
         "replay",
@@ -297,13 +243,13 @@ TOOLS: tuple[Tool, ...] = (
                 "device", "string", "only this device (default: every GPU, else cpu)", "--device"
             ),
         ),
-        "opguard.cli.commands.replay:answer",
+        f"{ANSWERS}.zoom:replay",
     ),
     Tool(
         "nan",
         "The first op per rank whose outputs hold NaN or Inf while its inputs did not.",
         (RUN, RANK),
-        "opguard.cli.commands.nan:answer",
+        f"{ANSWERS}.runs:nan",
     ),
 )
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..children import Refused
 from ..store.errors import TraceError
 
 MAX_CHARS = 12_000  # per answer: about 3,000 tokens at ~4 characters a token
@@ -73,7 +74,7 @@ class Param:
         if self.kind == "array" and not all(isinstance(v, str) for v in value):
             raise ToolError(f"{self.name} must be a list of strings")
         if self.choices and value not in self.choices:
-            raise ToolError(f"{self.name} must be one of {', '.join(self.choices)}, not {value!r}")
+            raise ToolError(f"{self.name} must be {_either(self.choices)}")
         if self.minimum is not None and value < self.minimum:
             raise ToolError(f"{self.name} must be at least {self.minimum:g}, not {value}")
         if self.maximum is not None and value > self.maximum:
@@ -92,6 +93,12 @@ class Param:
 
 def _article(kind: str) -> str:
     return {"array": "a list", "integer": "an integer"}.get(kind, f"a {kind}")
+
+
+def _either(choices: tuple[str, ...]) -> str:
+    """``'a' or 'b'``; ``'x', 'y' or 'z'``."""
+    quoted = [repr(c) for c in choices]
+    return " or ".join([", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted)
 
 
 OFFSET = Param(
@@ -122,7 +129,9 @@ class Pages:
     start: int = 0  # the offset when the caller gives none
 
 
-Handler = Callable[[dict[str, Any]], "dict[str, Any] | Pages"]
+# The checked arguments, then whatever the caller holds for the tool (the in-app agent: its
+# open runs); a JSON object, a paged one, or text (the in-app agent's answers).
+Handler = Callable[..., Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,18 +214,37 @@ class Tool:
         tail = [*self.fixed, "--json"] if json else []
         return [*words, *tail, *(["--", *rest] if rest else [])]
 
-    def call(self, given: Mapping[str, Any]) -> dict[str, Any]:
-        """Checks the arguments, runs the handler and bounds its answer. Raises
-        :class:`ToolError` (one line) for anything the caller can correct."""
+    def function_schema(self) -> dict[str, Any]:
+        """The tool as a model's function-calling API takes it (LiteLLM, OpenAI): the same
+        parameters as the MCP input schema."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.purpose,
+                "parameters": self.input_schema(),
+            },
+        }
+
+    def answer(self, given: Mapping[str, Any], *context: Any) -> Any:
+        """The handler's answer, unbounded: the arguments checked, then passed with ``context``
+        (what the caller holds for the tool). Raises :class:`ToolError` (one line) for anything
+        the caller can correct."""
         from ..analysis.lookup import QueryError
 
         arguments = self.arguments(given)
         module, _, function = self.handler.partition(":")
         handler: Handler = getattr(importlib.import_module(module), function)
         try:
-            answer = handler(arguments)
-        except (TraceError, QueryError) as exc:
+            return handler(arguments, *context)
+        except (TraceError, QueryError, Refused) as exc:
             raise ToolError(str(exc)) from None
+
+    def call(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The JSON answer, bounded (a paged one a page at a time). Raises :class:`ToolError`
+        (one line) for anything the caller can correct."""
+        arguments = self.arguments(given)
+        answer = self.answer(arguments)
         if isinstance(answer, Pages):
             offset = arguments["offset"]
             return page_of(answer, answer.start if offset is None else offset, arguments["limit"])

@@ -8,34 +8,19 @@ error: it was not sent).
 from __future__ import annotations
 
 import argparse
-import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ...analysis import diff_runs
 from ...spending_limits import (
     DEFAULT_BUDGET_USD,
     DEFAULT_MAX_OUTPUT,
     DEFAULT_MAX_TOKENS,
     DEFAULT_ROUNDS,
 )
-from ...store import Run
-from .base import CommandError, print_json, tool_errors
+from ...tools.explanation import SETTING_FLAGS, brief_report, explain_report
+from .base import print_json
 
 if TYPE_CHECKING:  # the agent is imported only when explain runs, LiteLLM only for a model
-    from ...agent import Agent, Event, Session
-
-SCHEMA = "opguard.explain/1"
-SETTING_FLAGS = (
-    "model",
-    "api_base",
-    "api_key",
-    "budget",
-    "max_tokens",
-    "max_output",
-    "rounds",
-    "input_price",
-    "output_price",
-)
+    from ...agent import Session
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -116,75 +101,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     flags = {name: getattr(args, name) for name in SETTING_FLAGS}
-    report, code = _explain(
-        args.run_a, args.run_b, args.rank, args.step, flags, args.question, echo=not args.json
+    report, code = explain_report(
+        args.run_a,
+        args.run_b,
+        args.rank,
+        args.step,
+        flags,
+        args.question,
+        opening=None if args.json else _print_opening,
     )
     if args.json:
-        print_json(_brief(report) if args.brief else report)
+        print_json(brief_report(report) if args.brief else report)
     return code
-
-
-def answer(args: dict[str, Any]) -> dict[str, Any]:
-    """The ``explain`` tool: what ``opguard explain … --json --brief`` prints."""
-    flags = {name: args.get(name) for name in SETTING_FLAGS}
-    with tool_errors():
-        report, _ = _explain(
-            args["run_a"], args["run_b"], args["rank"], args["step"], flags, args["question"]
-        )
-    return _brief(report)
-
-
-def _explain(
-    path_a: str,
-    path_b: str,
-    rank: int | None,
-    step: int | None,
-    flags: dict[str, Any],
-    question: str | None,
-    *,
-    echo: bool = False,
-) -> tuple[dict[str, Any], int]:
-    """The ``opguard.explain/1`` report and the exit status; ``echo`` prints the opening and
-    the conversation as they happen."""
-    from ...agent import BudgetRefused, ConfigError, ProviderError, open_session, resolve_settings
-
-    with Run(path_a) as run_a, Run(path_b) as run_b:
-        result = diff_runs(run_a, run_b, rank=rank, step=step)
-        try:
-            session = open_session(result, run_a, run_b, resolve_settings(flags))
-        except ConfigError as exc:
-            raise CommandError(str(exc)) from None
-        report = _report(session)
-        if echo:
-            _print_opening(session)
-        if session.agent is not None:
-            transcript = _Transcript(echo=echo)
-            try:
-                for event in session.agent.ask(question):
-                    transcript.add(event)
-            except (BudgetRefused, ProviderError) as exc:
-                raise CommandError(str(exc)) from None
-            report["agent"] = transcript.finish(session.agent)
-    return report, 1 if result.diverged else 0
-
-
-def _brief(report: dict[str, Any]) -> dict[str, Any]:
-    """The report without the evidence's JSON form: ``evidence_text`` holds the same facts in
-    a third of the characters, written for a model to read."""
-    return {k: v for k, v in report.items() if k != "evidence"}
-
-
-def _report(session: Session) -> dict[str, Any]:
-    from ...agent import HOW_TO_ENABLE
-
-    return {
-        "schema": SCHEMA,
-        "verdict": session.result.verdict,
-        "evidence": session.evidence.to_json(),
-        "evidence_text": session.evidence.text,
-        "agent": None,
-        "how_to_enable": HOW_TO_ENABLE if session.settings.model is None else None,
-    }
 
 
 def _print_opening(session: Session) -> None:
@@ -208,79 +136,3 @@ def _print_opening(session: Session) -> None:
         print(
             f"No model configured: the reading above is OpGuard's offline answer.\n{HOW_TO_ENABLE}"
         )
-
-
-class _Transcript:
-    """The conversation as it happens: printed line by line when ``echo``, and kept for
-    ``--json``."""
-
-    def __init__(self, *, echo: bool) -> None:
-        self.echo = echo
-        self._mid_line = False
-        self.answer: list[str] = []
-        self.calls: list[dict[str, Any]] = []
-        self.tools: list[dict[str, Any]] = []
-
-    def add(self, event: Event) -> None:
-        from ...agent import CallPlanned, CallSettled, TextPiece, ToolAnswered
-
-        if isinstance(event, TextPiece):
-            self.answer.append(event.text)
-            self._stream(event.text)
-        elif isinstance(event, CallPlanned):
-            b = event.bound
-            self.calls.append(
-                {"bound_usd": b.usd, "prompt_tokens": b.prompt_tokens, "max_output": b.max_output}
-            )
-            self._print(
-                f"· call {event.number}: at most ${b.usd:.6f} ({b.prompt_tokens:,} prompt + "
-                f"{b.max_output:,} output tokens); left ${event.left_usd:.6f}, "
-                f"{event.left_tokens:,} tokens"
-            )
-        elif isinstance(event, CallSettled):
-            c = event.charge
-            self.calls[-1].update(
-                input_tokens=c.prompt_tokens,
-                output_tokens=c.completion_tokens,
-                usd=c.usd,
-                estimated=c.estimated,
-            )
-            estimated = " (estimated: the provider reported no usage)" if c.estimated else ""
-            self._print(
-                f"· call {event.number}: ${c.usd:.6f} ({c.prompt_tokens:,} input + "
-                f"{c.completion_tokens:,} output tokens){estimated}"
-            )
-        elif isinstance(event, ToolAnswered):
-            self.tools.append(
-                {"name": event.name, "arguments": event.arguments, "tokens": event.result_tokens}
-            )
-            self._print(f"· tool {event.name} {event.arguments} -> {event.result_tokens:,} tokens")
-
-    def finish(self, agent: Agent) -> dict[str, Any]:
-        budget = agent.budget
-        self._print(f"· {budget.describe()}")
-        return {
-            "model": agent.model,
-            "pricing": budget.pricing.to_json(),
-            "answer": "".join(self.answer),
-            "calls": self.calls,
-            "tools": self.tools,
-            "spent_usd": budget.spent_usd,
-            "spent_tokens": budget.spent_tokens,
-            "budget_usd": budget.usd,
-            "max_tokens": budget.tokens,
-        }
-
-    def _stream(self, text: str) -> None:
-        """A piece of the answer, as it arrives."""
-        if self.echo and text:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-            self._mid_line = not text.endswith("\n")
-
-    def _print(self, line: str) -> None:
-        """A line of its own (ending a streamed line first)."""
-        if self.echo:
-            sys.stdout.write(("\n" if self._mid_line else "") + line + "\n")
-            sys.stdout.flush()
-            self._mid_line = False

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-from typing import Any
 
 from rich.markup import escape
 
-from ...hunt import Hunt, HuntError, hunt
-from .base import CommandError, directory_name, print_json
+from ...hunt import Hunt
+from ...tools.recording import run_hunt
+from .base import directory_name, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,26 +59,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.json:
-        result = _hunt(vars(args))
+        result = run_hunt(vars(args))
         print_json(result.to_json(brief=args.brief))
     else:
-        result = _hunt(vars(args), progress=lambda line: print(line, file=sys.stderr, flush=True))
+        result = run_hunt(
+            vars(args), progress=lambda line: print(line, file=sys.stderr, flush=True)
+        )
         _print_report(result)
     return result.exit_code
-
-
-def _hunt(args: dict[str, Any], **options: Any) -> Hunt:
-    try:
-        return hunt(
-            Path(args["output"]),
-            args["a"],
-            args["b"],
-            python=args["python"],
-            overwrite=args["overwrite"],
-            **options,
-        )
-    except HuntError as exc:
-        raise CommandError(str(exc)) from None
 
 
 def _print_report(result: Hunt) -> None:
@@ -90,12 +77,3 @@ def _print_report(result: Hunt) -> None:
     print_diff(result.op_level or result.step_level)
     if result.next_time is not None:
         console.print(f"\n[bold]Next:[/] {escape(result.next_time)}")
-
-
-def answer(args: dict[str, Any]) -> dict[str, Any]:
-    """The ``hunt`` tool: what ``opguard hunt … --json --brief`` prints (the recordings'
-    output goes to their log files, never into the answer)."""
-    from .base import tool_errors
-
-    with tool_errors():
-        return _hunt(args).to_json(brief=True)

@@ -4,21 +4,12 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import shutil
 import subprocess
-import sys
-from pathlib import Path
-from typing import Any
 
-from ...capture_spec import DEFAULT_LIMIT, CaptureSpec, SpecError, parse_size
-from ...record_options import OptionError, RecordOptions, parse_window
-from ...store import TraceError
-from .base import CommandError, call_tool, child_command, directory_name, print_json
-
-OUTPUT_TAIL = 20  # last lines of the script's stdout and stderr in the JSON answer
-LINE_CHARS = 300
+from ...record_options import OptionError, RecordOptions, add_switches
+from .base import CommandError, call_tool, directory_name, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,67 +28,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="RUN_DIR",
         help="run directory",
     )
-    p.add_argument(
-        "--steps",
-        type=int,
-        metavar="N",
-        help="end the run when step N is reached: steps are numbered from 0 (or --first-step), "
-        "so a fresh run records its first N optimizer steps",
-    )
-    p.add_argument(
-        "--steps-only",
-        action="store_true",
-        help="record no op, only the training state at each step boundary (loss, gradients, "
-        "parameters, optimizer states, buffers, RNG): cheap enough for a whole long run",
-    )
-    p.add_argument(
-        "--window",
-        metavar="START:STOP",
-        help="record ops only in steps START to STOP-1 (step-level records everywhere)",
-    )
-    p.add_argument(
-        "--keep-last",
-        type=int,
-        metavar="N",
-        help="flight recorder: keep the ops of the last N completed steps only (step-level "
-        "records of all), so the trace stays bounded however long the run",
-    )
-    p.add_argument(
-        "--first-step",
-        type=int,
-        default=0,
-        metavar="N",
-        help="number the first step N (a script resumed from a checkpoint at step N), so its "
-        "steps line up with the original run's; the script may say it with opguard.step(N)",
-    )
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier run in RUN_DIR")
-    p.add_argument(
-        "--eager",
-        action="store_true",
-        help="turn torch.compile off: compiled functions run eagerly, op by op",
-    )
-    p.add_argument(
-        "--verify-inputs",
-        action="store_true",
-        help="fingerprint every op input again (slower): shows writes no recorded op made",
-    )
+    add_switches(p)
     p.add_argument(
         "--python",
         metavar="PY",
         help="run under this interpreter (OpGuard must be installed there)",
-    )
-    p.add_argument(
-        "--capture",
-        metavar="SPEC",
-        help="also store the full input and output tensors of these ops: comma-separated op "
-        "indices (812), ranges (800-820), op names (aten::addmm.default) or call sites "
-        "(train.py:42)",
-    )
-    p.add_argument(
-        "--capture-limit",
-        metavar="SIZE",
-        default=str(DEFAULT_LIMIT),
-        help=f"most bytes of tensors captured per rank (default: {DEFAULT_LIMIT >> 20}MiB)",
     )
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
     p.add_argument(
@@ -127,33 +62,12 @@ def run(args: argparse.Namespace) -> int:
     if args.python:
         return _run_elsewhere(args, options, target_args)
 
-    from ...recorder.launch import Target, run_recorded
-    from ...recorder.torchrun import parse_job, run_torchrun, torchrun_argv
+    from ...recorder.launch import TargetError, record_target
 
-    # As typed (every option, so that `opguard show` tells how the run was made).
-    recorded_as = ["opguard", "record", "-o", args.output, *options.switches()]
-    launcher = torchrun_argv(target_args, args.module)
-    if launcher is not None:
-        try:
-            job = parse_job(launcher)
-        except TraceError as exc:
-            raise CommandError(str(exc)) from None
-        command = [*recorded_as, "--", "torchrun", *launcher]
-        return run_torchrun(job, Path(args.output), options, command)
-    if args.module:
-        if not _module_found(args.module):
-            raise CommandError(f"{args.module}: no such module")
-        target = Target(args.module, target_args, is_module=True)
-    else:
-        if not target_args:
-            raise CommandError("record needs a script: opguard record -o RUN_DIR -- train.py")
-        script = target_args[0]
-        if not os.path.isfile(script):
-            raise CommandError(f"{script}: no such script")
-        target = Target(script, target_args[1:])
-    # As typed, so that it replays: `-m MODULE ARGS…` or `-- SCRIPT ARGS…`.
-    where = target.describe() if target.is_module else ["--", *target.describe()]
-    return run_recorded(target, Path(args.output), options, [*recorded_as, *where])
+    try:
+        return record_target(args.output, options, target_args, args.module)
+    except TargetError as exc:
+        raise CommandError(str(exc)) from None
 
 
 class _RecordedParser(argparse.ArgumentParser):
@@ -176,24 +90,9 @@ def parse_recorded(command: list[str]) -> tuple[RecordOptions, list[str]]:
 
 def _options(args: argparse.Namespace) -> RecordOptions:
     try:
-        capture = CaptureSpec.parse(args.capture) if args.capture is not None else None
-        capture_limit = parse_size(args.capture_limit)
-        options = RecordOptions(
-            steps=args.steps,
-            overwrite=args.overwrite,
-            eager=args.eager,
-            verify_inputs=args.verify_inputs,
-            capture=capture,
-            capture_limit=capture_limit,
-            steps_only=args.steps_only,
-            first_step=args.first_step,
-            window=parse_window(args.window) if args.window is not None else None,
-            keep_last=args.keep_last,
-        )
-        options.check()
-    except (SpecError, OptionError) as exc:
+        return RecordOptions.from_switches(args)
+    except OptionError as exc:
         raise CommandError(str(exc)) from None
-    return options
 
 
 def _run_elsewhere(args: argparse.Namespace, options: RecordOptions, target_args: list[str]) -> int:
@@ -211,42 +110,3 @@ def _run_elsewhere(args: argparse.Namespace, options: RecordOptions, target_args
         forwarded += ["-m", args.module]
     forwarded += ["--", *target_args]
     return subprocess.run([python, "-m", "opguard.recorder.launch", *forwarded]).returncode
-
-
-def _module_found(name: str) -> bool:
-    """Whether ``-m NAME``'s top-level package exists where ``python -m`` looks (the current
-    directory first). Only the top level is looked up: finding ``pkg.train`` would import
-    ``pkg`` before the recording starts, and its ops would go unrecorded."""
-    top = name.partition(".")[0]
-    sys.path.insert(0, os.getcwd())
-    try:
-        return bool(top) and importlib.util.find_spec(top) is not None
-    except (ImportError, ValueError):
-        return False
-    finally:
-        sys.path.pop(0)
-
-
-def answer(args: dict[str, Any]) -> dict[str, Any]:
-    """The ``record`` tool: ``opguard record`` in a child process whose output is captured (so
-    it never mixes with the answer, and the caller never imports torch), then the run's ops
-    and steps per rank as ``opguard show`` counts them."""
-    from ...tools import BY_NAME, ToolError
-    from .show import answer as show
-
-    if not args["script"] and not args["module"]:
-        raise ToolError("record needs a script (or a module)")
-    child = child_command(BY_NAME["record"].argv(args, json=False))
-    summary = show({"run": args["output"], "rank": None})
-    return {
-        "run": str(Path(args["output"]).resolve()),
-        "exit_code": child.returncode,
-        "status": summary["run"].get("status"),
-        "ranks": summary["ranks"],
-        "stdout_tail": _tail(child.stdout),
-        "stderr_tail": _tail(child.stderr),
-    }
-
-
-def _tail(text: str) -> list[str]:
-    return [line[:LINE_CHARS] for line in text.splitlines()[-OUTPUT_TAIL:]]

@@ -5,14 +5,12 @@ otherwise, 2 error. Imports torch (it runs the op)."""
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from ...store import Run
-from .base import CommandError, child_command, print_json
-from .oppair import add_op_arguments, captured, op_in_b
-
-SCHEMA = "opguard.replay/1"
+from ...tools.zoom import REPLAY_SCHEMA, captured, hex_results, op_in_b, replay_json
+from .base import CommandError, print_json
+from .oppair import add_op_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,21 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--times", type=int, default=5, metavar="N", help="replays per device (5)")
     p.add_argument("--against", metavar="RUN_B", help="also compare with this run's op")
     p.add_argument("--device", help="replay only on this device (default: every GPU, else cpu)")
-    p.add_argument("--json", action="store_true", help=f"print one {SCHEMA} object")
+    p.add_argument("--json", action="store_true", help=f"print one {REPLAY_SCHEMA} object")
     p.set_defaults(run=run)
-
-
-def answer(args: dict[str, Any]) -> dict[str, Any]:
-    """The ``replay`` tool: ``opguard replay … --json`` in a child process (it imports torch and
-    runs the op; the caller, such as the MCP server, does neither)."""
-    from ...tools import BY_NAME, ToolError
-
-    child = child_command(BY_NAME["replay"].argv(args))
-    try:
-        return dict(json.loads(child.stdout))
-    except ValueError:
-        last = (child.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ToolError(f"replay failed (exit status {child.returncode}): {last}") from None
 
 
 def _devices(requested: str | None) -> list[str]:
@@ -89,67 +74,19 @@ def run(args: argparse.Namespace) -> int:
         except ReplayError as exc:
             raise CommandError(str(exc)) from None
     if args.json:
-        print_json(_json(report, args))
+        print_json(replay_json(report, args.run_a, args.rank, args.against))
     else:
         _print(report, args)
     return 0 if report.deterministic and report.matches_a else 1
 
 
-def _hex(result: tuple[int | None, ...]) -> list[str | None]:
-    return [None if h is None else f"{h:016x}" for h in result]
-
-
-def _error(e: Any) -> dict[str, float] | None:
-    return None if e is None else {"max_abs": e.max_abs, "rel": e.rel}
-
-
-def _json(report: Any, args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "schema": SCHEMA,
-        "run": args.run_a,
-        "rank": args.rank,
-        "op": {"index": report.op.index, "op": report.op.op},
-        "times": report.times,
-        "devices": [
-            {
-                "device": d.device,
-                "results": [_hex(r) for r in d.results],
-                "distinct": len(set(d.results)),
-                "deterministic": d.deterministic,
-            }
-            for d in report.devices
-        ],
-        "deterministic": report.deterministic,
-        "recorded_a": _hex(report.recorded_a),
-        "matches_a": report.matches_a,
-        "against": args.against,
-        "b": {"index": report.op_b.index, "op": report.op_b.op} if report.op_b else None,
-        "recorded_b": _hex(report.recorded_b) if report.recorded_b is not None else None,
-        "matches_b": report.matches_b,
-        "b_inputs_equal": report.b_inputs_equal,
-        "b_arguments_differ": [{"name": d.name, "a": d.a, "b": d.b} for d in report.b_arguments],
-        "inputs_faithful": report.inputs_faithful,
-        "suspect_devices": report.suspects,
-        "reference": {
-            "device": "cpu",
-            "dtype": "float64",
-            "error": report.reference_error,
-            "outputs": [
-                {"slot": r.slot, "replay": _error(r.replay), "a": _error(r.a), "b": _error(r.b)}
-                for r in report.reference
-            ],
-        },
-        "findings": report.findings(),
-    }
-
-
 def _print(report: Any, args: argparse.Namespace) -> None:
     op = report.op
     print(f"replay of {args.run_a} #{op.index} {op.op} at {op.call_site.short()}")
-    print(f"  recorded A: {' '.join(h or 'view' for h in _hex(report.recorded_a))}")
+    print(f"  recorded A: {' '.join(h or 'view' for h in hex_results(report.recorded_a))}")
     if report.recorded_b is not None:
         print(
-            f"  recorded B: {' '.join(h or 'view' for h in _hex(report.recorded_b))}  "
+            f"  recorded B: {' '.join(h or 'view' for h in hex_results(report.recorded_b))}  "
             f"({args.against} #{report.op_b.index})"
         )
     for d in report.devices:
@@ -170,6 +107,6 @@ def _print(report: Any, args: argparse.Namespace) -> None:
 
 def _distinct_text(results: list[tuple[int | None, ...]]) -> str:
     distinct = list(dict.fromkeys(results))
-    shown = ", ".join(" ".join(h or "view" for h in _hex(r)) for r in distinct[:3])
+    shown = ", ".join(" ".join(h or "view" for h in hex_results(r)) for r in distinct[:3])
     more = f" (+{len(distinct) - 3} more)" if len(distinct) > 3 else ""
     return f"{len(distinct)} distinct result(s): {shown}{more}"

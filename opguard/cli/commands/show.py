@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from collections import Counter
-from typing import Any
 
-from ...analysis.steps import count_steps
 from ...store import RankTrace, Run
-from ...store import schema as store_schema
+from ...tools.runs import run_summary
 from .base import CommandError, parse_range, print_json
 
 
@@ -23,51 +20,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ops", metavar="START:END", help="list these ops (END exclusive)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
-
-
-def rank_summary(trace: RankTrace) -> dict[str, Any]:
-    phases: Counter[str] = Counter()
-    step_values: Counter[int] = Counter()
-    count = 0
-    for raw in trace.raw_ops():
-        phases[store_schema.PHASES[raw.get("p", 3)]] += 1
-        step_values[raw.get("s", 0)] += 1
-        count += 1
-    end = trace.info.get("end")
-    if not isinstance(end, dict):
-        end = None
-    write_failure = trace.info.get("write_failure")
-    steps = count_steps(trace, step_values)
-    summary: dict[str, Any] = {
-        "rank": trace.rank,
-        "ops": count,
-        "steps": steps.steps,
-        "ops_after_last_step": steps.ops_after,
-        "phases": dict(phases),
-        "finished": trace.finished,
-        "partial": trace.partial,
-    }
-    first, last = trace.first_op(), trace.last_op()
-    if first is not None and first != (0, 0):  # ops of some steps only (--window, --keep-last)
-        summary["first_op"] = {"index": first[0], "step": first[1]}
-    if last is not None:
-        summary["last_op"] = {"index": last[0], "step": last[1]}
-    span = trace.step_span()
-    if span is not None:
-        summary["step_records"] = {"count": trace.step_count(), "first": span[0], "last": span[1]}
-    if end:
-        summary["end"] = end.get("status")
-        if end.get("stopped"):
-            summary["stopped"] = end["stopped"]
-        if end.get("error"):
-            summary["error"] = end["error"]
-    if trace.failure:
-        summary["recorder_failure"] = trace.failure
-    if write_failure:
-        summary["write_failure"] = write_failure
-    if trace.damage:
-        summary["damage"] = trace.damage
-    return summary
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
                 for rank, listing in ops.items():
                     print_op_table(listing, title=f"{args.run_dir} rank {rank}")
             return 0
-        summary = _summary(run_, traces)
+        summary = run_summary(run_, traces)
         if args.json:
             print_json(summary)
         else:
@@ -105,39 +57,3 @@ def _check_selects(text: str, start: int, stop: int | None, traces: list[RankTra
             return
     held = "; ".join(f"rank {t.rank} {t.describe_ops()}" for t in traces)
     raise CommandError(f"--ops {text} selects no op: {held}")
-
-
-def answer(args: dict[str, Any]) -> dict[str, Any]:
-    """The ``show`` tool: what ``opguard show RUN_DIR --json`` prints."""
-    with Run(args["run"]) as run_:
-        ranks = [args["rank"]] if args["rank"] is not None else run_.ranks
-        return _summary(run_, [run_.rank(r) for r in ranks])
-
-
-def _summary(run_: Run, traces: list[RankTrace]) -> dict[str, Any]:
-    return {"run": _meta_summary(run_.meta), "ranks": [rank_summary(t) for t in traces]}
-
-
-def _meta_summary(meta: dict[str, Any]) -> dict[str, Any]:
-    keys = (
-        "status",
-        "command",
-        "cwd",
-        "python",
-        "torch",
-        "cuda",
-        "devices",
-        "world_size",
-        "host",
-        "started",
-        "ended",
-        "exit_code",
-        "error",
-        "stopped",
-        "recorder_failure",
-        "steps_only",
-        "window",
-        "keep_last",
-        "first_step",
-    )
-    return {k: meta[k] for k in keys if meta.get(k) is not None}

@@ -5,17 +5,14 @@ when it runs (every command's module is imported to build the parser)."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ...store import OpRecord, Run
-from ...store.captures import INPUT, OUTPUT
-from .base import CommandError, print_json, tool_errors
-from .oppair import add_op_arguments, captured, op_in_b, select
+from ...tools.zoom import TENSOR_SCHEMA, compare_tensors, tensor_json
+from .base import print_json
+from .oppair import add_op_arguments
 
 if TYPE_CHECKING:
     from ...analysis.elementwise import ElementwiseDiff
-
-SCHEMA = "opguard.tensor/1"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,81 +29,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--input", metavar="K", help="this input (position or slot name)")
     which.add_argument("--output", metavar="K", help="this output (default: every output)")
-    p.add_argument("--json", action="store_true", help=f"print one {SCHEMA} object")
+    p.add_argument("--json", action="store_true", help=f"print one {TENSOR_SCHEMA} object")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    op_a, op_b, diffs = _compare(
+    op_a, op_b, diffs = compare_tensors(
         args.run_a, args.run_b, args.rank, args.op, args.op_b, args.input, args.output
     )
     if args.json:
-        print_json(_json(args.run_a, args.run_b, args.rank, op_a, op_b, diffs))
+        print_json(tensor_json(args.run_a, args.run_b, args.rank, op_a, op_b, diffs))
     else:
         print(f"A: {args.run_a} #{op_a.index} {op_a.op} at {op_a.call_site.short()}")
         print(f"B: {args.run_b} #{op_b.index} {op_b.op} at {op_b.call_site.short()}")
         for d in diffs:
             print_elementwise(d)
     return 1 if any(d.differing or not d.elements for d in diffs) else 0
-
-
-def answer(args: dict[str, Any]) -> dict[str, Any]:
-    """The ``tensor`` tool: what ``opguard tensor … --json`` prints."""
-    with tool_errors():
-        op_a, op_b, diffs = _compare(
-            args["run_a"], args["run_b"], args["rank"], args["index"], args["op_b"],
-            args["input"], args["output"],
-        )  # fmt: skip
-    return _json(args["run_a"], args["run_b"], args["rank"], op_a, op_b, diffs)
-
-
-def _compare(
-    path_a: str,
-    path_b: str,
-    rank: int,
-    index: int,
-    index_b: int | None,
-    input_: str | None,
-    output: str | None,
-) -> tuple[OpRecord, OpRecord, list[ElementwiseDiff]]:
-    from ...analysis.elementwise import compare
-
-    if input_ is not None and output is not None:
-        raise CommandError("give --input or --output, not both")
-    with Run(path_a) as run_a, Run(path_b) as run_b:
-        trace_a, trace_b = run_a.rank(rank), run_b.rank(rank)
-        op_a = trace_a.op(index)
-        op_b = op_in_b(trace_a, trace_b, index, index_b)
-        direction, key = (INPUT, input_) if input_ is not None else (OUTPUT, output)
-        chosen_a = select(captured(trace_a, op_a.index), direction, key)
-        by_label = {t.label: t for t in captured(trace_b, op_b.index)}
-        if not chosen_a:
-            raise CommandError(f"op {op_a.index} of run A has no captured tensor of that kind")
-        diffs = []
-        for tensor in chosen_a:
-            other = by_label.get(tensor.label)
-            if other is None:
-                raise CommandError(f"run B did not capture {tensor.label} of op {op_b.index}")
-            diffs.append(compare(tensor, other))
-    return op_a, op_b, diffs
-
-
-def _json(
-    path_a: str,
-    path_b: str,
-    rank: int,
-    op_a: OpRecord,
-    op_b: OpRecord,
-    diffs: list[ElementwiseDiff],
-) -> dict[str, Any]:
-    return {
-        "schema": SCHEMA,
-        "runs": {"a": path_a, "b": path_b},
-        "rank": rank,
-        "a": {"index": op_a.index, "op": op_a.op},
-        "b": {"index": op_b.index, "op": op_b.op},
-        "tensors": [d.to_json() for d in diffs],
-    }
 
 
 def _num(value: float | None) -> str:
