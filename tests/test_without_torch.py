@@ -84,6 +84,7 @@ def test_reading_commands_run_without_torch(
     [
         ("record", "-o", "run", "--", "train.py"),
         ("replay", "{a}", "--op", "3"),
+        ("demo", "--dir", "demo"),
     ],
 )
 def test_commands_that_run_torch_say_where_to_run_them(
@@ -96,6 +97,7 @@ def test_commands_that_run_torch_say_where_to_run_them(
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith(f"opguard: error: opguard {args[0]} runs PyTorch"), lines[0]
     assert "--python PY" in lines[0]
+    assert not done.stdout  # refused before anything else is said
 
 
 def test_record_with_python_runs_the_training_environments_torch(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ the diff names the one line that did. The README shows this command's output as 
 from __future__ import annotations
 
 import argparse
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The demo records: where torch is missing, the one-line refusal before any output.
+    importlib.import_module("torch")
     root = Path(args.dir).resolve()
     try:
         root.mkdir(parents=True, exist_ok=True)

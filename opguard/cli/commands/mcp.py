@@ -1,6 +1,6 @@
 """``opguard mcp``: serve the tools of ``opguard tools`` to a coding agent over MCP (stdio).
 
-Register it with the agent as a stdio server whose command is ``opguard mcp`` (see README.md).
+Register it with the agent as a stdio server whose command is ``opguard mcp`` (see docs/CODING_AGENTS.md).
 """
 
 from __future__ import annotations
