@@ -39,10 +39,11 @@ TensorView make_view(uintptr_t address, int64_t itemsize, std::vector<int64_t> s
 }
 
 py::tuple fingerprint(uintptr_t address, int64_t itemsize, std::vector<int64_t> sizes,
-                      std::vector<int64_t> strides, int kind_code, int64_t head_elements) {
+                      std::vector<int64_t> strides, int kind_code, int64_t head_elements,
+                      bool sketch) {
   const TensorView view =
       make_view(address, itemsize, std::move(sizes), std::move(strides), kind_code);
-  return opguard::result_tuple(opguard::fingerprint_cpu_releasing_gil(view, head_elements),
+  return opguard::result_tuple(opguard::fingerprint_cpu_releasing_gil(view, head_elements, sketch),
                                view.kind);
 }
 
@@ -126,10 +127,12 @@ PYBIND11_MODULE(_C, m) {
   m.attr("FINGERPRINT_VERSION") = kFingerprintVersion;
   m.attr("CUDA_BUILT") = static_cast<bool>(OPGUARD_WITH_CUDA);
   m.def("fingerprint", &fingerprint, py::arg("address"), py::arg("itemsize"), py::arg("sizes"),
-        py::arg("strides"), py::arg("kind"), py::arg("head_elements") = 8,
+        py::arg("strides"), py::arg("kind"), py::arg("head_elements") = 8, py::arg("sketch") = true,
         "Fingerprint of a CPU tensor given by raw address, element size, sizes and strides "
-        "(in elements). Returns (hash, nbytes, head_bytes, stats) where stats is "
-        "(min, max, mean, absmax, nan_count, inf_count) over finite values, or None.");
+        "(in elements). Returns (hash, nbytes, head_bytes, stats, sketch) where stats is "
+        "(min, max, mean, absmax, nan_count, inf_count) over finite values, or None, and "
+        "sketch the stored sketch (opguard/store/sketch.py, 60 bytes) or None. sketch=False "
+        "leaves the sketch out (None): what it costs is measured so (bench/sketch_cpu.py).");
   m.def("hash_buffer", &hash_buffer, py::arg("buffer"),
         "Fingerprint of a contiguous byte buffer (same algorithm as a uint8 tensor).");
   m.def("cuda_status", &cuda_status,

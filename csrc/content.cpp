@@ -49,18 +49,25 @@ ContentPtr Content::fingerprint(Fingerprint fp, Kind kind) {
   return c;
 }
 
-ContentPtr Content::view_of(const ContentPtr& base, std::vector<int64_t> geometry, int64_t nbytes) {
+ContentPtr Content::view_of(const ContentPtr& base, std::vector<int64_t> geometry, int64_t nbytes,
+                            bool base_order) {
   ContentPtr c = make(State::View);
   c->flags_ = kFlagView;
   c->fp_.nbytes = static_cast<uint64_t>(nbytes);
+  c->base_order_ = base_order;
   if (base->pending()) {
     c->base_ = base;
     c->geometry_ = std::move(geometry);
     c->resolved_.store(false, std::memory_order_relaxed);
   } else {
-    c->fp_.hash = view_hash(base->fp_.hash, geometry);
+    c->derive_from(*base, geometry);
   }
   return c;
+}
+
+void Content::derive_from(const Content& base, const std::vector<int64_t>& geometry) {
+  fp_.hash = view_hash(base.fp_.hash, geometry);
+  if (base_order_) fp_.sketch = base.fp_.sketch;
 }
 
 #if OPGUARD_WITH_CUDA
@@ -76,7 +83,7 @@ void Content::resolve() {
   if (!pending()) return;
   if (base_) {
     base_->resolve();
-    fp_.hash = view_hash(base_->fp_.hash, geometry_);
+    derive_from(*base_, geometry_);
     base_.reset();
   } else {
 #if OPGUARD_WITH_CUDA
@@ -98,9 +105,9 @@ size_t Content::field_count(int entry_flags) const {
     case State::Flag:
       return flag;
     case State::View:
-      return 2 + flag;
+      return 2 + fp_.sketch.has_value() + flag;
     case State::Fingerprint:
-      return (has_stats(kind_) ? 4 : 3) + flag;
+      return (has_stats(kind_) ? 4 : 3) + fp_.sketch.has_value() + flag;
   }
   return 0;
 }
@@ -125,6 +132,7 @@ void Content::pack(MsgpackOut& out, int entry_flags) const {
       out.uint(s.nan), out.uint(s.inf);
     }
   }
+  if (fp_.sketch) out.str("w"), out.bin(fp_.sketch->data(), fp_.sketch->size());
   if ((flags_ | entry_flags) != 0) out.str("f"), out.integer(flags_ | entry_flags);
 }
 

@@ -1,5 +1,5 @@
-// The content fields of a trace entry ("h", "z", "b", "m", or a flag "f"): known when the op is
-// recorded (a CPU fingerprint, a flag), or only once the GPU has computed them (a device
+// The content fields of a trace entry ("h", "z", "b", "m", "w", or a flag "f"): known when the op
+// is recorded (a CPU fingerprint, a flag), or only once the GPU has computed them (a device
 // tensor's fingerprint whose kernel may still be running, or a view's fingerprint derived from
 // one). Every record that reuses a fingerprint shares one Content.
 //
@@ -35,8 +35,11 @@ class Content {
   // {"h", "z", "f": view} of a view whose content is its base's read through `geometry` =
   // (byte offset, kind, itemsize, *sizes, *strides): equal bases and equal geometry mean equal
   // views, so the hash keeps every comparison the diff makes without reading memory. `base`
-  // must carry a hash (has_hash()); when it is still on the GPU, so is the view's.
-  static ContentPtr view_of(const ContentPtr& base, std::vector<int64_t> geometry, int64_t nbytes);
+  // must carry a hash (has_hash()); when it is still on the GPU, so is the view's. With
+  // `base_order` (the view holds the base's values in the base's logical order: a reshape, an
+  // alias), the base's sketch ("w") is the view's too; other views have none.
+  static ContentPtr view_of(const ContentPtr& base, std::vector<int64_t> geometry, int64_t nbytes,
+                            bool base_order);
 #if OPGUARD_WITH_CUDA
   // A fingerprint queued on `fingerprinter`, which lives as long as the process; its ticket is
   // set when the queue is launched (TensorProbe::flush).
@@ -70,6 +73,8 @@ class Content {
     explicit Make() = default;
   };
   static ContentPtr make(State state) { return std::make_shared<Content>(Make{}, state); }
+  // A view's hash (and sketch) from its resolved base's.
+  void derive_from(const Content& base, const std::vector<int64_t>& geometry);
 
  public:
   Content(Make, State state) : state_(state) {}
@@ -78,7 +83,7 @@ class Content {
   State state_;
   std::atomic<bool> resolved_{true};
   int flags_ = 0;
-  Fingerprint fp_;  // Fingerprint: all of it; View: hash and nbytes
+  Fingerprint fp_;  // Fingerprint: all of it; View: hash, nbytes and maybe the sketch
   Kind kind_ = Kind::Opaque;
 #if OPGUARD_WITH_CUDA
   cuda::GpuFingerprinter* fingerprinter_ = nullptr;
@@ -86,6 +91,7 @@ class Content {
 #endif
   ContentPtr base_;  // a view derived on resolution: the base's content
   std::vector<int64_t> geometry_;
+  bool base_order_ = false;  // a view whose sketch is its base's
 };
 
 // Its fields as a dict, or a PendingFields when they wait for the GPU.

@@ -17,6 +17,7 @@
 
 #include <math.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -241,5 +242,103 @@ struct Stats {
     inf += o.inf;
   }
 };
+
+// The sketch (opguard/store/sketch.py defines it; the constants must be equal): a count sketch of
+// the values in logical order, from which the diff estimates two runs' relative L2 distance.
+// Logical element i belongs to group g = i / kSketchGroup, whose word is sketch_word(g); the
+// element goes to the word's bucket with the sign of the word's bit (i % kSketchGroup). One hash
+// per group of eight keeps it cheap beside the fingerprint's stats pass.
+constexpr uint64_t kSketchSalt = 0xD6E8FEB86659FD93ull;
+constexpr int kSketchBuckets = 14;
+constexpr int kSketchGroup = 8;
+constexpr int kSketchFractionBits = 28;
+constexpr int kSketchStoredBytes = 4 + 4 * kSketchBuckets;  // float32 norm, int32 buckets
+constexpr int32_t kSketchSaturated = INT32_MIN;
+
+using StoredSketch = std::array<uint8_t, kSketchStoredBytes>;
+
+OPG_HD uint64_t sketch_word(uint64_t group) { return fmix64(group * kIndexKey + kSketchSalt); }
+
+OPG_HD int sketch_bucket(uint64_t word) {
+  return static_cast<int>(((word >> 32) * kSketchBuckets) >> 32);
+}
+
+// `v` with the sign of element `position` (0..7) of the group whose word is `word`: the sign
+// bit flipped where the word's bit is set (a bit operation, no multiply or branch).
+OPG_HD double sketch_signed(uint64_t word, int position, double v) {
+  uint64_t bits;
+  memcpy(&bits, &v, 8);
+  bits ^= ((word >> position) & 1u) << 63;
+  memcpy(&v, &bits, 8);
+  return v;
+}
+
+// Whether tensors of a kind get a sketch (when their values are all finite and they have any):
+// the real floating-point kinds.
+OPG_HD bool has_sketch(Kind kind) {
+  switch (kind) {
+    case Kind::Float16:
+    case Kind::BFloat16:
+    case Kind::Float32:
+    case Kind::Float64:
+    case Kind::F8E4M3FN:
+    case Kind::F8E4M3FNUZ:
+    case Kind::F8E5M2:
+    case Kind::F8E5M2FNUZ:
+    case Kind::F8E8M0FNU:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// A sketch being accumulated: the sum of squares and the float64 buckets. Sums of disjoint
+// parts merge by addition (in a fixed order per backend: deterministic).
+struct SketchSums {
+  double squares;
+  double buckets[kSketchBuckets];
+
+  OPG_HD static SketchSums empty() {
+    SketchSums s;
+    s.squares = 0.0;
+    for (int b = 0; b < kSketchBuckets; ++b) s.buckets[b] = 0.0;
+    return s;
+  }
+
+  // Logical element `index` holding `v` (one hash per element: for ragged ends of runs).
+  OPG_HD void add(uint64_t index, double v) {
+    const uint64_t word = sketch_word(index / kSketchGroup);
+    squares += v * v;
+    buckets[sketch_bucket(word)] += sketch_signed(word, static_cast<int>(index % kSketchGroup), v);
+  }
+
+  OPG_HD void merge(const SketchSums& o) {
+    squares += o.squares;
+    for (int b = 0; b < kSketchBuckets; ++b) buckets[b] += o.buckets[b];
+  }
+};
+
+// The stored form of a tensor's sketch (opguard/store/sketch.py: the float32 norm, then each
+// bucket as int32 in steps of 2^(E - 28), E the frexp exponent of that norm, rounded half away
+// from zero, INT32_MIN outside int32's range; little-endian), or false where the tensor has
+// none: not a floating kind, no elements, a NaN or an infinity, or a norm beyond float32.
+inline bool store_sketch(Kind kind, const Stats& stats, const SketchSums& sums, StoredSketch& out) {
+  if (!has_sketch(kind) || stats.finite == 0 || stats.nan != 0 || stats.inf != 0) return false;
+  const float norm = static_cast<float>(sqrt(sums.squares));
+  if (!(fabsf(norm) <= __FLT_MAX__)) return false;
+  int exponent = 0;
+  frexp(static_cast<double>(norm), &exponent);
+  const double step = ldexp(1.0, exponent - kSketchFractionBits);
+  memcpy(out.data(), &norm, 4);  // x86-64 and aarch64 Linux are little-endian
+  for (int b = 0; b < kSketchBuckets; ++b) {
+    const double v = sums.buckets[b];
+    const double magnitude = floor(fabs(v) / step + 0.5);
+    const double q = v < 0 ? -magnitude : magnitude;
+    const int32_t stored =
+        q > INT32_MIN && q <= INT32_MAX ? static_cast<int32_t>(q) : kSketchSaturated;
+    memcpy(out.data() + 4 + 4 * b, &stored, 4);
+  }
+  return true;
+}
 
 }  // namespace opguard

@@ -142,12 +142,27 @@ inline double decode_fast(const uint8_t* p, int64_t i, const float* table) {
   }
 }
 
+// Two doubles (one SSE2 or NEON register) and their bits: the sketch's arithmetic on pairs.
+using Pair = double __attribute__((vector_size(16)));
+using PairBits = uint64_t __attribute__((vector_size(16)));
+
+// The sign bits of two consecutive elements of a sketch group, by the two bits of its word that
+// choose them: (bit l) << 63 to XOR into element l of the pair.
+constexpr PairBits kSignMasks[4] = {
+    {0, 0}, {1ull << 63, 0}, {0, 1ull << 63}, {1ull << 63, 1ull << 63}};
+
 // Accumulates stats for a run of contiguous elements, branch-free: each component is
 // classified with one comparison (|v| <= DBL_MAX is false exactly for NaN and +-Inf) and
 // folded in with selects, in eight lanes with a fixed pattern (deterministic sum order).
-template <Kind K, int ISZ>
-void stats_run(const uint8_t* p, int64_t count, int64_t /*itemsize*/, Stats& out) {
+// With kSketch (floating kinds: one component per element), the run's elements, logical
+// indices `first`, `first + 1`, ..., also go into `sketch` in the same pass: each eight-lane
+// block is one group when `first` is a multiple of eight (one hash, signs by XOR on pairs, one
+// bucket add), else it straddles two (the next group's word carried to the next block: still
+// one hash); the run's last elements are added one by one.
+template <Kind K, int ISZ, bool kSketch>
+void stats_run(const uint8_t* p, int64_t count, uint64_t first, Stats& out, SketchSums& sketch) {
   constexpr int kLanes = 8;
+  static_assert(kLanes == kSketchGroup, "a block of lanes is a sketch group");
   constexpr double kInf = __builtin_inf();
   const float* table = nullptr;
   if constexpr (K == Kind::F8E4M3FN || K == Kind::F8E4M3FNUZ || K == Kind::F8E5M2 ||
@@ -177,9 +192,62 @@ void stats_run(const uint8_t* p, int64_t count, int64_t /*itemsize*/, Stats& out
     nan[l] += v != v;
   };
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) step(l, decode_fast<K, ISZ>(p, i + l, table));
-  for (; i < n; ++i) step(0, decode_fast<K, ISZ>(p, i, table));
+  if constexpr (kSketch) {
+    Pair squares[kLanes / 2] = {};  // lane l in squares[l / 2][l % 2]
+    double buckets[kSketchBuckets] = {};
+    const int shift = static_cast<int>(first % kSketchGroup);
+    uint64_t group = first / kSketchGroup;
+    if (shift == 0) {
+      for (; i + kLanes <= n; i += kLanes, ++group) {
+        const uint64_t word = sketch_word(group);
+        double v[kLanes];
+        for (int l = 0; l < kLanes; ++l) v[l] = decode_fast<K, ISZ>(p, i + l, table);
+        for (int l = 0; l < kLanes; ++l) step(l, v[l]);
+        Pair pairs[kLanes / 2];
+        std::memcpy(pairs, v, sizeof v);
+        for (int k = 0; k < kLanes / 2; ++k) {
+          squares[k] += pairs[k] * pairs[k];
+          const PairBits signs = kSignMasks[(word >> (2 * k)) & 3];
+          pairs[k] = reinterpret_cast<Pair>(reinterpret_cast<PairBits>(pairs[k]) ^ signs);
+        }
+        const Pair total = (pairs[0] + pairs[1]) + (pairs[2] + pairs[3]);
+        buckets[sketch_bucket(word)] += total[0] + total[1];
+      }
+    } else {  // lanes [0, 8 - shift) end group `group`, the others start the next one
+      uint64_t word = sketch_word(group);
+      for (; i + kLanes <= n; i += kLanes, ++group) {
+        const uint64_t next = sketch_word(group + 1);
+        double this_group = 0.0, next_group = 0.0;
+        for (int l = 0; l < kLanes; ++l) {
+          const double v = decode_fast<K, ISZ>(p, i + l, table);
+          step(l, v);
+          squares[l / 2][l % 2] += v * v;
+          const bool here = shift + l < kSketchGroup;
+          const double s = sketch_signed(here ? word : next, (shift + l) % kSketchGroup, v);
+          this_group += here ? s : 0.0;
+          next_group += here ? 0.0 : s;
+        }
+        buckets[sketch_bucket(word)] += this_group;
+        buckets[sketch_bucket(next)] += next_group;
+        word = next;
+      }
+    }
+    for (; i < n; ++i) {
+      const double v = decode_fast<K, ISZ>(p, i, table);
+      step(0, v);
+      squares[0][0] += v * v;
+      const uint64_t index = first + static_cast<uint64_t>(i);
+      const uint64_t word = sketch_word(index / kSketchGroup);
+      buckets[sketch_bucket(word)] +=
+          sketch_signed(word, static_cast<int>(index % kSketchGroup), v);
+    }
+    for (int l = 0; l < kLanes; ++l) sketch.squares += squares[l / 2][l % 2];
+    for (int b = 0; b < kSketchBuckets; ++b) sketch.buckets[b] += buckets[b];
+  } else {
+    for (; i + kLanes <= n; i += kLanes)
+      for (int l = 0; l < kLanes; ++l) step(l, decode_fast<K, ISZ>(p, i + l, table));
+    for (; i < n; ++i) step(0, decode_fast<K, ISZ>(p, i, table));
+  }
   for (int l = 0; l < kLanes; ++l) {
     Stats s{mn[l], mx[l], sum[l], amax[l], fin[l], nan[l], 0};
     out.merge(s);
@@ -191,25 +259,32 @@ void stats_run(const uint8_t* p, int64_t count, int64_t /*itemsize*/, Stats& out
   }();
 }
 
-using StatsFn = void (*)(const uint8_t*, int64_t, int64_t, Stats&);
+// A run's stats (and sketch): `first` is the logical index of its first element.
+using StatsFn = void (*)(const uint8_t* p, int64_t count, uint64_t first, Stats& out,
+                         SketchSums& sketch);
 
 template <Kind K>
 StatsFn by_itemsize(int64_t itemsize) {
   switch (itemsize) {
     case 1:
-      return &stats_run<K, 1>;
+      return &stats_run<K, 1, false>;
     case 2:
-      return &stats_run<K, 2>;
+      return &stats_run<K, 2, false>;
     case 4:
-      return &stats_run<K, 4>;
+      return &stats_run<K, 4, false>;
     case 8:
-      return &stats_run<K, 8>;
+      return &stats_run<K, 8, false>;
     default:
       return nullptr;
   }
 }
 
-StatsFn stats_fn_for(Kind kind, int64_t itemsize) {
+template <Kind K>
+StatsFn floating(bool sketch) {
+  return sketch ? &stats_run<K, 0, true> : &stats_run<K, 0, false>;
+}
+
+StatsFn stats_fn_for(Kind kind, int64_t itemsize, bool sketch) {
   switch (kind) {
     case Kind::UInt:
       return by_itemsize<Kind::UInt>(itemsize);
@@ -217,15 +292,19 @@ StatsFn stats_fn_for(Kind kind, int64_t itemsize) {
       return by_itemsize<Kind::Int>(itemsize);
 #define OPG_CASE(K) \
   case Kind::K:     \
-    return &stats_run<Kind::K, 0>;
+    return &stats_run<Kind::K, 0, false>;
       OPG_CASE(Bool)
+      OPG_CASE(Complex32)
+      OPG_CASE(Complex64)
+      OPG_CASE(Complex128)
+#undef OPG_CASE
+#define OPG_CASE(K) \
+  case Kind::K:     \
+    return floating<Kind::K>(sketch);
       OPG_CASE(Float16)
       OPG_CASE(BFloat16)
       OPG_CASE(Float32)
       OPG_CASE(Float64)
-      OPG_CASE(Complex32)
-      OPG_CASE(Complex64)
-      OPG_CASE(Complex128)
       OPG_CASE(F8E4M3FN)
       OPG_CASE(F8E4M3FNUZ)
       OPG_CASE(F8E5M2)
@@ -254,14 +333,16 @@ void coalesce(const TensorView& v, std::vector<int64_t>& sizes, std::vector<int6
   }
 }
 
-Fingerprint fingerprint_cpu(const TensorView& view, int64_t head_elements) {
+Fingerprint fingerprint_cpu(const TensorView& view, int64_t head_elements, bool sketch) {
   Fingerprint fp;
   int64_t numel = 1;
   for (int64_t s : view.sizes) numel *= s;
   if (numel == 0) return fp;
 
   const int64_t isz = view.itemsize;
-  const StatsFn stats = stats_fn_for(view.kind, view.itemsize);
+  const StatsFn stats = stats_fn_for(view.kind, view.itemsize, sketch);
+  SketchSums sums = SketchSums::empty();
+  uint64_t next_index = 0;  // the logical index of the next element consumed
   WordHasher hasher;
   const int64_t head_bytes = std::min(head_elements, numel) * isz;
   fp.head.reserve(static_cast<size_t>(head_bytes));
@@ -273,8 +354,9 @@ Fingerprint fingerprint_cpu(const TensorView& view, int64_t head_elements) {
     for (int64_t off = 0; off < bytes; off += kChunk) {
       const int64_t n = std::min(kChunk, bytes - off);
       hasher.feed(p + off, static_cast<size_t>(n));
-      if (stats) stats(p + off, n / isz, isz, fp.stats);
+      if (stats) stats(p + off, n / isz, next_index + off / isz, fp.stats, sums);
     }
+    next_index += count;
     const int64_t missing = head_bytes - static_cast<int64_t>(fp.head.size());
     if (missing > 0) fp.head.insert(fp.head.end(), p, p + std::min(missing, bytes));
   };
@@ -316,6 +398,8 @@ Fingerprint fingerprint_cpu(const TensorView& view, int64_t head_elements) {
   }
   fp.hash = hasher.finish();
   fp.nbytes = hasher.total();
+  StoredSketch stored;
+  if (sketch && store_sketch(view.kind, fp.stats, sums, stored)) fp.sketch = stored;
   return fp;
 }
 

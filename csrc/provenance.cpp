@@ -161,10 +161,12 @@ Entry EntryRecorder::entry(TensorFacts facts, py::handle tensor, std::string slo
 // dtype, sizes, strides), so equal bases and equal geometry mean equal views. Null when the
 // view reaches outside its base's bytes [base_address, base_address + base_nbytes)
 // (base_nbytes < 0: the base is not contiguous, or has lazy bits), the view has lazy bits or
-// the base's content is unknown; the view is then read when an op uses it.
+// the base's content is unknown; the view is then read when an op uses it. The base is
+// contiguous, so a contiguous view of all its bytes from its start, of its dtype, holds its
+// values in its logical order (and shares its sketch).
 ContentPtr EntryRecorder::view_content(py::handle view, const TensorFacts& facts,
                                        uintptr_t base_address, int64_t base_nbytes,
-                                       const ContentPtr& base) {
+                                       const DtypeInfo* base_dtype, const ContentPtr& base) {
   if (!base || !base->has_hash() || base_nbytes < 0 || !facts.readable) return nullptr;
   if (probe_.has_lazy_bits(view, facts)) return nullptr;
   uintptr_t address = 0;
@@ -185,7 +187,10 @@ ContentPtr EntryRecorder::view_content(py::handle view, const TensorFacts& facts
   std::vector<int64_t> geometry{offset, static_cast<int64_t>(facts.dtype->kind), itemsize};
   geometry.insert(geometry.end(), facts.sizes.begin(), facts.sizes.end());
   geometry.insert(geometry.end(), facts.strides.begin(), facts.strides.end());
-  return Content::view_of(base, std::move(geometry), facts.numel() * itemsize);
+  const int64_t nbytes = facts.numel() * itemsize;
+  const bool base_order =
+      offset == 0 && facts.dtype == base_dtype && nbytes == base_nbytes && facts.contiguous();
+  return Content::view_of(base, std::move(geometry), nbytes, base_order);
 }
 
 int EntryRecorder::input(OpRecord& op, std::string slot, py::handle tensor, bool verify) {
@@ -204,7 +209,7 @@ int EntryRecorder::input(OpRecord& op, std::string slot, py::handle tensor, bool
       content = known->content;  // an alias of memory nobody has written yet
     } else if (known) {          // a view of a known write, re-wrapped by C++ code
       content = view_content(tensor, facts, known->address, known->derivable ? known->nbytes : -1,
-                             known->content);
+                             known->dtype, known->content);
     }
     if (!content) content = read(tensor, facts);
     remember(tensor, facts, known ? known->index : -1, known ? known->slot : 0, content, false,
@@ -237,8 +242,8 @@ int EntryRecorder::output(OpRecord& op, std::string slot, py::handle tensor, int
     uintptr_t base_address = 0;
     const bool derivable =
         probe_.views_derive_from(op.base, base) && probe_.address(op.base, base, &base_address);
-    content =
-        view_content(tensor, facts, base_address, derivable ? base.nbytes() : -1, op.base_content);
+    content = view_content(tensor, facts, base_address, derivable ? base.nbytes() : -1, base.dtype,
+                           op.base_content);
   }
   const auto out_slot = static_cast<int64_t>(op.outputs.size());
   remember(tensor, facts, index, out_slot, content, written, !view);

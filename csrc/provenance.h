@@ -93,10 +93,10 @@ class EntryRecorder {
   ContentPtr read(pybind11::handle tensor, const TensorFacts& facts);
   // The entry of a tensor whose facts are no longer needed (its sizes and strides move in).
   Entry entry(TensorFacts facts, pybind11::handle tensor, std::string slot);
-  // A view's content derived from its base's; null when it cannot be (see view_content in
-  // the .cpp).
+  // A view's content derived from its base's (of dtype `base_dtype`); null when it cannot be
+  // (see view_content in the .cpp).
   ContentPtr view_content(pybind11::handle view, const TensorFacts& facts, uintptr_t base_address,
-                          int64_t base_nbytes, const ContentPtr& base);
+                          int64_t base_nbytes, const DtypeInfo* base_dtype, const ContentPtr& base);
   bool same_geometry(const Known& known, pybind11::handle tensor, const TensorFacts& facts);
   void sweep();
 

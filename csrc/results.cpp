@@ -27,16 +27,23 @@ constexpr int64_t kReleaseGilBytes = 256 << 10;
 
 }  // namespace
 
-Fingerprint fingerprint_cpu_releasing_gil(const TensorView& view, int64_t head_elements) {
+Fingerprint fingerprint_cpu_releasing_gil(const TensorView& view, int64_t head_elements,
+                                          bool sketch) {
   int64_t nbytes = view.itemsize;
   for (int64_t s : view.sizes) nbytes *= s;
-  if (nbytes < kReleaseGilBytes) return fingerprint_cpu(view, head_elements);
+  if (nbytes < kReleaseGilBytes) return fingerprint_cpu(view, head_elements, sketch);
   py::gil_scoped_release release;
-  return fingerprint_cpu(view, head_elements);
+  return fingerprint_cpu(view, head_elements, sketch);
+}
+
+py::object sketch_bytes(const Fingerprint& fp) {
+  if (!fp.sketch) return py::none();
+  return py::bytes(reinterpret_cast<const char*>(fp.sketch->data()), fp.sketch->size());
 }
 
 py::tuple result_tuple(const Fingerprint& fp, Kind kind) {
-  return py::make_tuple(fp.hash, fp.nbytes, head_bytes(fp), stats_tuple(fp, kind));
+  return py::make_tuple(fp.hash, fp.nbytes, head_bytes(fp), stats_tuple(fp, kind),
+                        sketch_bytes(fp));
 }
 
 }  // namespace opguard

@@ -6,9 +6,14 @@ from typing import Any
 
 FINGERPRINT_VERSION: int
 
-# (hash, nbytes, head bytes, (min, max, mean, absmax, nan count, inf count) or None)
+# (hash, nbytes, head bytes, (min, max, mean, absmax, nan count, inf count) or None,
+#  the stored sketch (opguard/store/sketch.py) or None)
 FingerprintResult = tuple[
-    int, int, bytes, tuple[float | None, float | None, float | None, float | None, int, int] | None
+    int,
+    int,
+    bytes,
+    tuple[float | None, float | None, float | None, float | None, int, int] | None,
+    bytes | None,
 ]
 
 def fingerprint(
@@ -18,6 +23,7 @@ def fingerprint(
     strides: list[int] | tuple[int, ...],
     kind: int,
     head_elements: int = 8,
+    sketch: bool = True,
 ) -> FingerprintResult: ...
 def hash_buffer(buffer: bytes | bytearray | memoryview) -> int: ...
 
