@@ -48,7 +48,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=9, help="timed runs of each (median)")
     runs = parser.parse_args().runs
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, median of {runs}")
+    print(
+        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, median of {runs}"
+    )
     print(f"{'tensor':<28}{'with sketch':>14}{'without':>14}{'ratio':>8}")
     for name, t in tensors().items():
         seconds(t, True), seconds(t, False)  # warm-up: page faults, lazy initialisation

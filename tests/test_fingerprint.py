@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from opguard import _C
 from opguard.dtypes import lookup
 from opguard.recorder.tensors import HEAD_ELEMENTS, content_hash, fingerprint_fields
+from opguard.store.sketch import decode as decode_sketch
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 
@@ -541,7 +542,7 @@ def test_integer_stats_extremes(name: str) -> None:
 )
 def test_every_bit_pattern_decodes_like_torch(name: str) -> None:
     """Each single-element tensor of every bit pattern: the native decoder (seen through the
-    stats) agrees with torch's conversion to float64."""
+    stats and the sketch's norm) agrees with torch's conversion to float64."""
     dtype = get_dtype(name)
     n = 1 << (8 * dtype.itemsize)
     carrier = torch.uint8 if dtype.itemsize == 1 else torch.int16
@@ -550,13 +551,19 @@ def test_every_bit_pattern_decodes_like_torch(name: str) -> None:
     data_ptr = patterns.data_ptr()
     kind = int(lookup(name, dtype.itemsize).kind)
     for i, v in enumerate(values):
-        _, _, _, m = _C.fingerprint(data_ptr + i * dtype.itemsize, dtype.itemsize, [], [], kind, 1)
+        _, _, _, m, w = _C.fingerprint(
+            data_ptr + i * dtype.itemsize, dtype.itemsize, [], [], kind, 1
+        )
         if math.isnan(v):
             assert m == (None, None, None, None, 1, 0), (hex(i), v, m)
+            assert w is None
         elif math.isinf(v):
             assert m == (None, None, None, None, 0, 1), (hex(i), v, m)
+            assert w is None
         else:
             assert m == (v, v, v, abs(v), 0, 0), (hex(i), v, m)
+            sketch = decode_sketch(w) if w is not None else None
+            assert sketch is not None and sketch.norm == abs(v), (hex(i), v, sketch)
             assert math.copysign(1.0, m[0]) == math.copysign(1.0, v), (hex(i), "sign of zero")
 
 

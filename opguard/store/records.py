@@ -9,6 +9,8 @@ from typing import Any
 from .. import dtypes
 from . import schema
 from .errors import DamagedRecord
+from .sketch import Sketch
+from .sketch import decode as decode_sketch
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,7 @@ class TensorRecord:
     stats: tuple[Any, ...] | None
     producer: tuple[int, int] | None
     flags: int
+    sketch_bytes: bytes | None = None  # the stored sketch ("w"), None where absent
 
     @classmethod
     def decode(cls, raw: Any) -> TensorRecord:
@@ -84,7 +87,14 @@ class TensorRecord:
             stats=tuple(stats) if stats is not None else None,
             producer=(producer[0], producer[1]) if producer is not None else None,
             flags=raw.get("f", 0),
+            sketch_bytes=raw.get("w"),
         )
+
+    @property
+    def sketch(self) -> Sketch | None:
+        """The tensor's sketch (norm and buckets, from which two runs' relative distance is
+        estimated); None where it has none (not floating point, NaN or Inf, an older trace)."""
+        return decode_sketch(self.sketch_bytes) if self.sketch_bytes is not None else None
 
     @property
     def is_view(self) -> bool:
@@ -139,6 +149,9 @@ class TensorRecord:
             )
         if self.producer is not None:
             out["producer"] = list(self.producer)
+        sketch = self.sketch
+        if sketch is not None:
+            out["norm"] = sketch.norm
         return out
 
 
@@ -208,6 +221,7 @@ _TENSOR_FIELDS: dict[str, Any] = {
     "m": _is_optional(_is_list_of(lambda v: v is None or _is_number(v))),
     "p": _is_optional(_is_pair),
     "f": _is_index,
+    "w": lambda v: type(v) is bytes,
 }
 
 OP_FIELDS: dict[str, Any] = {
