@@ -2,13 +2,17 @@
 # Everything GPU in one device session: build the extension for Hopper, run the cuda tests,
 # then the GPU benchmarks, writing each output under $OUT (default ./gpu-out).
 #
-#   bash bench/gpu_session.sh [tests] [bench] [kernels] [ddp] [compile] [parts] [fixture] [long]
-#                                        (default: all but parts, fixture and long)
+#   bash bench/gpu_session.sh [tests] [bench] [kernels] [ddp] [compile] [parts] [fixture] [long] [tolerant]
+#                                        (default: all but parts, fixture, long and tolerant)
 #   fixture: records tests/data/cross_version/mlp.py with this machine's torch into
 #            $OUT/torch-X.Y (copy it to tests/data/cross_version/: the cross-version pair)
 #   long:    issue 28's targets (bench/long_runs.py: --steps-only, --window, step-level trace
 #            size, --keep-last 20 over 1,000 GPT-2 steps), then opguard hunt on a 200-step
 #            GPT-2 pair whose run B scales step 150's loss (tests/cuda_scenarios/gpt2_long.py)
+#   tolerant: issue 30's GPU pairs (tests/cuda_scenarios/gpt_numerics.py): TF32 on against off,
+#            fused against foreach AdamW, memory-efficient against math attention (each expected
+#            within rounding) and, behind the last, a changed softmax scale (named), each
+#            compared by opguard diff --tolerant (text and JSON under $OUT/tolerant)
 #   bash bench/gpu_session.sh build                                         (only build)
 #
 # On a machine without lmdb, put its wheel in .whl/ first (see docs/PERFORMANCE.md).
@@ -71,6 +75,28 @@ for part in $parts; do
         | tee -a "$OUT/hunt.txt"
       head -12 "$OUT/hunt.txt"
       rm -rf "$OUT"/hunt/?-steps "$OUT"/hunt/?-window ;;  # ~35 MB of traces; the logs stay
+    tolerant)
+      scenario="$ROOT/tests/cuda_scenarios/gpt_numerics.py"
+      mkdir -p "$OUT/tolerant"
+      record() {  # NAME ARGS...: one recording of the scenario, its log beside
+        local name=$1; shift
+        python3 -m opguard record -o "$OUT/tolerant/$name" --overwrite -- "$scenario" "$@" \
+          > "$OUT/tolerant/$name.log" 2>&1 || tail -5 "$OUT/tolerant/$name.log"
+      }
+      record reference
+      record tf32 --tf32
+      record fused --optimizer fused
+      record efficient --backend efficient
+      record scaled --backend efficient --scale 0.2
+      for pair in tf32 fused efficient scaled; do
+        python3 -m opguard diff "$OUT/tolerant/reference" "$OUT/tolerant/$pair" --tolerant \
+          > "$OUT/tolerant/$pair.txt" 2>&1
+        echo "reference vs $pair: exit $?" | tee -a "$OUT/tolerant/verdicts.txt"
+        head -6 "$OUT/tolerant/$pair.txt" | tee -a "$OUT/tolerant/verdicts.txt"
+        python3 -m opguard diff "$OUT/tolerant/reference" "$OUT/tolerant/$pair" --tolerant \
+          --json > "$OUT/tolerant/$pair.json" 2>/dev/null
+      done
+      rm -rf "$OUT"/tolerant/*/ ;;  # the traces stay on the device; the reports come back
     build) ;;  # the build above is all
     compile)
       python3 "$ROOT/bench/overhead.py" --compile --rounds 2 --steps 5 --no-debugmode \
