@@ -24,7 +24,9 @@ def buckets_and_signs(numel: int, first_index: int = 0) -> tuple[np.ndarray, np.
     """Each logical element's bucket and sign (+1/-1), for indices ``first_index ...``."""
     index = np.arange(first_index, first_index + numel, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        word = fmix64((index >> np.uint64(3)) * np.uint64(sketch.INDEX_KEY) + np.uint64(sketch.SALT))
+        word = fmix64(
+            (index >> np.uint64(3)) * np.uint64(sketch.INDEX_KEY) + np.uint64(sketch.SALT)
+        )
     bucket = ((word >> np.uint64(32)) * np.uint64(sketch.BUCKETS)) >> np.uint64(32)
     negative = (word >> (index & np.uint64(sketch.GROUP - 1))) & np.uint64(1)
     return bucket.astype(np.int64), 1.0 - 2.0 * negative.astype(np.float64)

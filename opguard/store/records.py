@@ -9,6 +9,7 @@ from typing import Any
 from .. import dtypes
 from . import schema
 from .errors import DamagedRecord
+from .sketch import Sketch, decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,7 @@ class TensorRecord:
     stats: tuple[Any, ...] | None
     producer: tuple[int, int] | None
     flags: int
+    sketch_raw: bytes = b""  # the stored sketch (field ``w``); empty where none was stored
 
     @classmethod
     def decode(cls, raw: Any) -> TensorRecord:
@@ -84,7 +86,14 @@ class TensorRecord:
             stats=tuple(stats) if stats is not None else None,
             producer=(producer[0], producer[1]) if producer is not None else None,
             flags=raw.get("f", 0),
+            sketch_raw=raw.get("w", b""),
         )
+
+    @property
+    def sketch(self) -> Sketch | None:
+        """The tensor's sketch (:mod:`.sketch`): None for tensors that have none (not floating
+        point, non-finite values, traces recorded before sketches)."""
+        return decode(self.sketch_raw) if self.sketch_raw else None
 
     @property
     def is_view(self) -> bool:
@@ -208,6 +217,7 @@ _TENSOR_FIELDS: dict[str, Any] = {
     "m": _is_optional(_is_list_of(lambda v: v is None or _is_number(v))),
     "p": _is_optional(_is_pair),
     "f": _is_index,
+    "w": lambda v: type(v) is bytes,
 }
 
 OP_FIELDS: dict[str, Any] = {

@@ -73,6 +73,14 @@ TOOLS: tuple[Tool, ...] = (
             RANK,
             STEP,
             Param(
+                "tolerant",
+                "string",
+                "runs expected to differ by rounding (another torch, GPU, TF32, bf16): 'auto' "
+                "names the first difference rounding does not explain, a number such as '1e-3' "
+                "the first larger than that relative distance (default: bit for bit)",
+                "--tolerant",
+            ),
+            Param(
                 "brief",
                 "boolean",
                 "leave out ops given twice (observed, the origin rank's divergence, "
