@@ -108,7 +108,7 @@ def test_every_key_the_diff_writes_is_specified(tmp_path: Path) -> None:
     with Run(sketched[0]) as one, Run(sketched[1]) as other:
         _keys(to_json(diff_runs(one, other, tolerance=Tolerance())), written)
     spec = (ROOT / "docs" / "json-contract.md").read_text()
-    named = set(re.findall(r'`"?([a-z_]+)"?', spec)) | set(re.findall(r'"([a-z_]+)"', spec))
+    named = set(re.findall(r'`"?([A-Za-z_]+)"?', spec)) | set(re.findall(r'"([A-Za-z_]+)"', spec))
     assert written - named == set(), (
         "keys opguard diff --json writes that docs/json-contract.md does not specify"
     )

@@ -36,11 +36,17 @@ def fingerprint(values: np.ndarray) -> int:
 
 
 def entry(
-    slot: str, values: np.ndarray, producer: int | None = None, *, sketched: bool = True
+    slot: str,
+    values: np.ndarray,
+    producer: int | None = None,
+    *,
+    sketched: bool = True,
+    dtype: str | None = None,
 ) -> dict[str, Any]:
-    """A tensor entry holding ``values`` (their fingerprint, and their sketch unless not)."""
+    """A tensor entry holding ``values`` (their fingerprint, and their sketch unless not);
+    ``dtype``: the name stored, where numpy has no such type (bfloat16)."""
     extra = {"w": stored_sketch(values)} if sketched else {}
-    dtype = {np.float32: "float32", np.float64: "float64", np.bool_: "bool"}[values.dtype.type]
+    dtype = dtype or {np.float32: "float32", np.float64: "float64"}[values.dtype.type]
     return tensor(
         slot,
         fingerprint(values),
@@ -264,6 +270,45 @@ def test_a_leaf_within_rounding_is_not(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     paths = chain_pair(tmp_path, mlp_steps(), leaf_b=lambda x: rounded(x, rng))
     assert diff(paths)[0].verdict == "within-rounding"
+
+
+def bfloat16(values: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bfloat16 (to nearest even), held as float32."""
+    bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded_bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return rounded_bits.astype(np.uint32).view(np.float32)
+
+
+def autocast_pair(tmp: Path, cast_b: Callable[[np.ndarray], np.ndarray]) -> tuple[Path, Path]:
+    """Run A: a matmul-like op on a float32 leaf; run B: the leaf first cast by an op of run B
+    only (``cast_b`` computes it, stored as bfloat16), the op then reading the cast."""
+    x = np.random.default_rng(4).standard_normal(N).astype(np.float32)
+    with TraceBuilder(tmp / "a") as run:
+        run.op("aten::mm.default", [entry("self", x)], [entry("0", x * 3)])
+    with TraceBuilder(tmp / "b") as run:
+        cast = cast_b(x)
+        run.op("aten::_to_copy.default", [entry("self", x)], [entry("0", cast, dtype="bfloat16")])
+        y = bfloat16(cast * 3)
+        run.op(
+            "aten::mm.default",
+            [entry("self", cast, 0, dtype="bfloat16")],
+            [entry("0", y, dtype="bfloat16")],
+        )
+    return tmp / "a", tmp / "b"
+
+
+def test_a_cast_in_one_run_only_is_within_bfloat16_rounding(tmp_path: Path) -> None:
+    result, out = diff(autocast_pair(tmp_path, bfloat16))
+    assert result.verdict == "within-rounding", out["first_divergence"]
+    assert out["unaligned_b"] == 1
+
+
+def test_a_change_made_by_an_op_of_one_run_only_names_that_op(tmp_path: Path) -> None:
+    out = diff(autocast_pair(tmp_path, lambda x: bfloat16(x * 1.5)))[1]
+    first = out["first_divergence"]
+    assert (first["kind"], first["cause"]) == ("structure", "inserted")
+    assert first["b"]["op"] == "aten::_to_copy.default" and first["a"] is None
+    assert first["distance"]["reason"] == "structure" and first["distance"]["slot"] == "self"
 
 
 def test_a_fixed_bound_judges_every_distance_against_it(tmp_path: Path) -> None:
