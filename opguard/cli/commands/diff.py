@@ -7,8 +7,9 @@ import argparse
 
 from ...analysis import diff_runs
 from ...analysis.contract import to_json
+from ...analysis.tolerant import parse_tolerance
 from ...store import Run
-from .base import CommandError, call_tool, print_json
+from .base import CommandError, add_tolerant, call_tool, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,15 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_b", metavar="RUN_B")
     p.add_argument("--rank", type=int, help="compare only this rank")
     p.add_argument("--step", type=int, help="compare only this step")
-    p.add_argument(
-        "--tolerant",
-        nargs="?",
-        const="auto",
-        metavar="REL",
-        help="runs expected to differ by rounding (another torch, GPU, TF32, bf16): name the "
-        "first difference rounding does not explain (auto), or larger than relative distance "
-        "REL (--tolerant=1e-3)",
-    )
+    add_tolerant(p)
     p.add_argument("--json", action="store_true", help="print the opguard.diff/1 JSON object")
     p.add_argument(
         "--brief",
@@ -50,8 +43,6 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--brief shortens the JSON object: add --json")
     tolerance = None
     if args.tolerant is not None:
-        from ...analysis.tolerant import parse_tolerance
-
         try:
             tolerance = parse_tolerance(args.tolerant)
         except ValueError as exc:
