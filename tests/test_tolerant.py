@@ -26,6 +26,7 @@ from opguard.analysis.text import sparkline
 from opguard.analysis.tolerant import A_FACTOR, R_FACTOR, Tolerance, parse_tolerance
 from opguard.store import Run, sketch
 from opguard.store.environment import Environment
+from opguard.tools import BY_NAME, ToolError
 
 N = 4096
 U32 = 2.0**-24
@@ -374,3 +375,25 @@ def test_bad_tolerant_values_are_refused(tmp_path: Path, value: str) -> None:
     assert len(err.strip().splitlines()) == 1 and "--tolerant" in err
     with pytest.raises(ValueError):
         parse_tolerance(value)
+
+
+# -- the tools and the agent's evidence ---------------------------------------------------
+
+
+def test_the_diff_tool_takes_tolerant(tmp_path: Path) -> None:
+    a, b = chain_pair(tmp_path, mlp_steps(), repeat=2)
+    diff_tool = BY_NAME["diff"]
+    answer = diff_tool.call({"run_a": str(a), "run_b": str(b), "tolerant": "auto"})
+    assert answer["verdict"] == "within-rounding" and answer["tolerance"]["mode"] == "auto"
+    assert diff_tool.call({"run_a": str(a), "run_b": str(b)})["verdict"] == "diverged"
+    with pytest.raises(ToolError, match="--tolerant"):
+        diff_tool.call({"run_a": str(a), "run_b": str(b), "tolerant": "0"})
+
+
+def test_the_evidence_carries_the_distances_and_the_reading(tmp_path: Path) -> None:
+    a, b = chain_pair(tmp_path, mlp_steps(op3={"amplify_b": 1e4}))
+    answer = BY_NAME["explain"].call({"run_a": str(a), "run_b": str(b), "tolerant": "auto"})
+    text = answer["evidence_text"]
+    assert "not rounding (amplified)" in text and "amplification" in text
+    reading = text.split("## reading (rules)")[1]
+    assert reading.startswith("\n- not rounding") and "equal inputs" not in reading
