@@ -9,11 +9,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
-from traces import chain_run
+from sketch_reference import stored_sketch
+from traces import TraceBuilder, chain_run, tensor
 
 from opguard.analysis import diff_runs
 from opguard.analysis.contract import to_json
+from opguard.analysis.tolerant import Tolerance
 from opguard.store import Run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,10 +92,23 @@ def test_every_key_the_diff_writes_is_specified(tmp_path: Path) -> None:
     b = [*base, ("aten::div.Tensor", 1, 21), ("aten::gelu.default", 2, 31)]  # inserted
     args = {2: [["approximate", "none"]]}
     run_a, run_b = chain_run(tmp_path / "a", a, args=args), chain_run(tmp_path / "b", b)
+    written: set[str] = set()
     with Run(run_a) as one, Run(run_b) as other:
-        written = _keys(to_json(diff_runs(one, other)), set())
+        for tolerance in (None, Tolerance()):
+            _keys(to_json(diff_runs(one, other, tolerance=tolerance)), written)
+    # --tolerant's distances of a leaf that differs beyond rounding (runs with sketches)
+    leaf = np.linspace(-1.0, 1.0, 64)
+    sketched = []
+    for fingerprint, values in enumerate((leaf, leaf * 1.01)):
+        name = "cd"[fingerprint]
+        with TraceBuilder(tmp_path / name) as run:
+            x = tensor("self", fingerprint, w=stored_sketch(values))
+            run.op("aten::relu.default", [x], [tensor("0", fingerprint, w=stored_sketch(values))])
+        sketched.append(tmp_path / name)
+    with Run(sketched[0]) as one, Run(sketched[1]) as other:
+        _keys(to_json(diff_runs(one, other, tolerance=Tolerance())), written)
     spec = (ROOT / "docs" / "json-contract.md").read_text()
-    named = set(re.findall(r'`"?([a-z_]+)"?', spec)) | set(re.findall(r'"([a-z_]+)"', spec))
+    named = set(re.findall(r'`"?([A-Za-z_]+)"?', spec)) | set(re.findall(r'"([A-Za-z_]+)"', spec))
     assert written - named == set(), (
         "keys opguard diff --json writes that docs/json-contract.md does not specify"
     )

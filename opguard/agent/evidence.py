@@ -21,6 +21,7 @@ from ..analysis.contract import divergence_json, op_ref, rank_json, state_diverg
 from ..analysis.state_diff import StepDivergence
 from ..analysis.steps import describe_runs
 from ..analysis.text import op_label, op_line, value_text
+from ..analysis.tolerant import Judgement
 from ..store import OpRecord, RankTrace, Run
 from .describe import (
     SOURCE_CONTEXT,
@@ -32,7 +33,7 @@ from .describe import (
 )
 from .llm import count_tokens
 from .metadata import differing_metadata
-from .reading import read_divergence, read_state_divergence
+from .reading import read_divergence, read_state_divergence, read_tolerant
 from .tokens import estimate_tokens
 
 SCHEMA = "opguard.evidence/1"
@@ -73,7 +74,8 @@ def build_evidence(
     """The bundle of ``result``; its tokens are counted for ``model`` by LiteLLM, or without a
     model estimated (as LiteLLM would count them for COUNT_MODEL) and LiteLLM left unimported."""
     div = result.first
-    state = result.state_first if div is None else None  # no op-level divergence to show
+    # no op-level divergence to show (with --tolerant, states differing by rounding are not one)
+    state = result.state_first if div is None and result.diverged else None
     meta = differing_metadata(result.meta_a, result.meta_b)
     reading = (
         read_state_divergence(state, meta) if state is not None else read_divergence(div, meta)
@@ -85,12 +87,16 @@ def build_evidence(
     if state is not None:
         lines += _state_lines(state)
     elif div is None:
-        lines.append(f"verdict: identical ({len(result.ranks)} rank(s) compared)")
+        lines.append(f"verdict: {result.verdict} ({len(result.ranks)} rank(s) compared)")
     else:
         traces = (run_a.rank(div.rank), run_b.rank(div.rank))
         rank = next(r for r in result.ranks if r.rank == div.rank)
         unaligned = _unaligned_near(div, rank, traces)
         lines += _divergence_lines(div, traces, unaligned)
+    judged = result.first_judgement
+    if result.tolerance is not None:
+        lines[2:2] = _tolerance_lines(result, judged)
+        reading = read_tolerant(result.verdict, judged, reading)
     lines += _section("run metadata that differ", [m.text() for m in meta])
     lines += _section("alignment", list(_alignment_lines(result.ranks, div)))
     lines += _section("reading (rules)", [f"- {r}" for r in reading])
@@ -113,9 +119,35 @@ def build_evidence(
         "alignment": [_rank_json(r) for r in result.ranks],
         "reading": reading,
     }
+    if result.tolerance is not None:  # --tolerant: how differences were judged, and the distances
+        data["tolerance"] = result.tolerance.to_json()
+        data["distance"] = judged.to_json() if judged is not None else None
     if model is None:
         return Evidence(result.verdict, text, data, estimate_tokens(text), COUNT_MODEL, True)
     return Evidence(result.verdict, text, data, count_tokens(model, text=text), model, False)
+
+
+def _tolerance_lines(result: RunDiff, judged: Judgement | None) -> list[str]:
+    """--tolerant: the rule, and what rounding did not explain (distances, amplification)."""
+    tolerance = result.tolerance
+    assert tolerance is not None
+    lines = [f"tolerant ({tolerance.mode}): differences within {tolerance.text()} are rounding"]
+    if judged is not None:
+        measured = [
+            f"{name} {distance.text()}"
+            for name, distance in (
+                ("output distance", judged.output),
+                ("input distance", judged.input),
+                (f"input '{judged.slot}' distance", judged.tensor),
+            )
+            if distance is not None
+        ]
+        budget = [] if judged.limit is None else [f"rounding explains up to {judged.limit:.2g}"]
+        amplification = [f"amplification {judged.amplification_text()}"] if judged.output else []
+        lines.append(
+            f"not rounding ({judged.reason}): " + "; ".join(measured + amplification + budget)
+        )
+    return lines
 
 
 def _section(title: str, body: list[str]) -> list[str]:

@@ -15,6 +15,7 @@ from ..analysis.causes import ENVIRONMENT, STREAM_RACE
 from ..analysis.gpu_work import kernel_names
 from ..analysis.state_diff import StepDivergence
 from ..analysis.text import number, op_line, value_text
+from ..analysis.tolerant import Judgement, Reason
 from ..analysis.verdict import WORDS, Cause
 from .metadata import MetaDiff
 
@@ -42,6 +43,29 @@ def read_divergence(div: Divergence | None, meta: list[MetaDiff]) -> list[str]:
         )
         findings += _environment(meta, lead)
     return findings
+
+
+def read_tolerant(verdict: str, judged: Judgement | None, findings: list[str]) -> list[str]:
+    """The findings of a --tolerant diff (``findings``: the bitwise reading of its divergence):
+    that rounding explains every difference; or what rounding did not explain, then the
+    findings about the cause, except for an op that amplified its inputs' difference, where
+    those of an origin (equal inputs) do not hold."""
+    if judged is None:
+        if verdict != "within-rounding":
+            return findings
+        return [
+            "within rounding: every aligned op's outputs differ by no more than its inputs' "
+            "difference and its own rounding at its dtype explain; nothing else changed"
+        ]
+    lead = f"not rounding: {judged.what}"
+    if judged.reason is not Reason.AMPLIFIED:
+        return [lead, *findings]
+    return [
+        lead,
+        "the op itself made the difference larger than its inputs' and its own rounding "
+        "explain: its implementation or a constant inside it changed (another algorithm, a "
+        "bug), or it is ill-conditioned there (a division by a small number, cancellation)",
+    ]
 
 
 def read_state_divergence(div: StepDivergence, meta: list[MetaDiff]) -> list[str]:

@@ -47,7 +47,7 @@ def open_session(
     ConfigError, before any call, when LiteLLM cannot be imported, when the model's price is
     unknown and not given (no call could be bounded), or when the provider's key is missing
     (checked for LiteLLM's own completion; an injected ``complete`` brings its provider)."""
-    first = result.first or result.state_first
+    first = result.first or (result.state_first if result.diverged else None)
     if settings.model is None or first is None:
         return Session(result, build_evidence(result, run_a, run_b), settings, None)
     litellm()  # counting the prompt's tokens needs it, whoever completes

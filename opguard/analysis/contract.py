@@ -11,6 +11,7 @@ from typing import Any
 from ..store import CallSite, OpRecord
 from .compilation import compile_modes
 from .diff import RankDiff, RunDiff
+from .distance import finite
 from .divergence import Divergence, TensorDiff
 from .nonfinite import Nonfinite, nonfinite_tensors
 from .state_diff import ENTRIES_SHOWN, StateComparison, StepDivergence
@@ -129,9 +130,13 @@ def first_divergence_json(result: RunDiff) -> dict[str, Any] | None:
     differs (step-level records); else None."""
     first = result.first
     if first is not None:
-        return {**divergence_json(first), "known_difference": result.known_difference or None}
+        found = {**divergence_json(first), "known_difference": result.known_difference or None}
+        judged = result.first_judgement
+        if result.tolerance is not None:  # --tolerant: what rounding did not explain
+            found["distance"] = judged.to_json() if judged is not None else None
+        return found
     state = result.state_first
-    return state_divergence_json(state) if state is not None else None
+    return state_divergence_json(state) if state is not None and result.diverged else None
 
 
 def _states_json(states: StateComparison | None) -> dict[str, Any] | None:
@@ -222,6 +227,11 @@ def rank_json(r: RankDiff) -> dict[str, Any]:
         **_role_json(r),
         "level": "op" if r.ops_compared else "step",
         "step_level": _states_json(r.states),
+        **(
+            {"rounding": {"explained": r.tolerance.explained, "flips": r.tolerance.flips}}
+            if r.tolerance is not None
+            else {}
+        ),
     }
 
 
@@ -274,6 +284,10 @@ def to_json(result: RunDiff) -> dict[str, Any]:
         if all(r.nonfinite_scanned for r in result.ranks)
         else None,
         "step_level": step_level_json(result),
+        "tolerance": result.tolerance.to_json() if result.tolerance is not None else None,
+        "drift": [{"step": step, "max_rel_distance": finite(d)} for step, d in result.drift()]
+        if result.tolerance is not None
+        else None,
     }
 
 

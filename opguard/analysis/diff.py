@@ -37,6 +37,7 @@ from .steps import (
     ops_held,
     range_text,
 )
+from .tolerant import Judge, Judgement, RankTolerance, Tolerance
 
 UNALIGNED_EXAMPLES = 5
 STEP_CACHE = 4
@@ -85,6 +86,8 @@ class RankDiff:
     # run holds step-level records only, which alone gave the verdict.
     states: StateComparison | None = None
     ops_compared: bool = True
+    # --tolerant: what rounding explained (``first`` then is the first op it does not explain)
+    tolerance: RankTolerance | None = None
 
     @property
     def state_first(self) -> StepDivergence | None:
@@ -174,7 +177,8 @@ class _StepAlignments:
         return pairs
 
     def _step_of(self, index: int, side: int) -> int | None:
-        for step, ranges in self._ranges.items():
+        # Latest first: the ops asked about (producers of what is being read) are recent.
+        for step, ranges in reversed(self._ranges.items()):
             lo, hi = ranges[side]
             if lo <= index < hi:
                 return step
@@ -203,19 +207,32 @@ class _StepAlignments:
         return pairs.maps()
 
 
-def diff_rank(trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None) -> RankDiff:
+def diff_rank(
+    trace_a: RankTrace,
+    trace_b: RankTrace,
+    *,
+    step: int | None = None,
+    tolerance: Tolerance | None = None,
+) -> RankDiff:
     """One rank of both runs: op by op where both recorded ops, step by step where either run
     recorded step-level records only; the step-level records, where both runs hold them, are
     compared as well (the first differing step, and whether the state already differed when
-    the op records began)."""
+    the op records began). ``tolerance``: differences rounding explains are not divergences
+    (:mod:`.tolerant`; op records only: step-level records are compared bit for bit)."""
     if by_steps_only(trace_a, trace_b):
         result = _diff_steps_only(trace_a, trace_b, step)
+        if tolerance is not None:
+            result.notes.append(
+                "--tolerant judges op records: this rank holds step-level records only, "
+                "compared bit for bit"
+            )
     else:
-        result = _diff_ops(trace_a, trace_b, step)
+        result = _diff_ops(trace_a, trace_b, step, tolerance)
         if trace_a.has_steps and trace_b.has_steps:
             result.states = compare_states(trace_a, trace_b, step=step)
             result.notes.extend(result.states.notes)
-            result.notes.extend(_before_the_ops(result))
+            if tolerance is None:  # else the states differ by rounding as the ops do
+                result.notes.extend(_before_the_ops(result))
     return result
 
 
@@ -271,7 +288,9 @@ def _before_the_ops(result: RankDiff) -> list[str]:
     return []
 
 
-def _diff_ops(trace_a: RankTrace, trace_b: RankTrace, step: int | None) -> RankDiff:
+def _diff_ops(
+    trace_a: RankTrace, trace_b: RankTrace, step: int | None, tolerance: Tolerance | None
+) -> RankDiff:
     table = KeyTable()
     # NaN/Inf origins come with the same scan; with --step the scan covers part of the runs.
     watches = (NonfiniteWatch(), NonfiniteWatch()) if step is None else (None, None)
@@ -280,6 +299,7 @@ def _diff_ops(trace_a: RankTrace, trace_b: RankTrace, step: int | None) -> RankD
     result = RankDiff(rank=trace_a.rank)
     alignments = _StepAlignments(reader_a, reader_b)
     explainer = Explainer(trace_a, trace_b, alignments)
+    judge = None if tolerance is None else Judge(tolerance, (trace_a, trace_b), alignments)
     result.count_a, result.count_b = count_steps(trace_a), count_steps(trace_b)
     steps_a, steps_b = _steps(reader_a, step), _steps(reader_b, step)
     next_a, next_b = next(steps_a, None), next(steps_b, None)
@@ -308,6 +328,7 @@ def _diff_ops(trace_a: RankTrace, trace_b: RankTrace, step: int | None) -> RankD
             ops_b,
             alignments,
             explainer,
+            judge,
             cut_a=last_of_b and not trace_b.finished,
             cut_b=last_of_a and not trace_a.finished,
         )
@@ -348,6 +369,8 @@ def _diff_ops(trace_a: RankTrace, trace_b: RankTrace, step: int | None) -> RankD
         more = result.absorbed_count - len(result.absorbed)
         result.notes.append(f"absorbed: {more} more difference(s) that no reader saw")
     result.notes.extend(_trace_notes(trace_a, trace_b))
+    if judge is not None:
+        result.tolerance = judge.found
     return result
 
 
@@ -379,6 +402,7 @@ def _compare_step(
     ops_b: OpColumns,
     alignments: _StepAlignments,
     explainer: Explainer,
+    judge: Judge | None,
     *,
     cut_a: bool,
     cut_b: bool,
@@ -388,7 +412,9 @@ def _compare_step(
 
     Ops are visited in execution order of both runs (as :func:`~.align.merge` interleaves
     them: the unaligned ops of A, then of B, before each aligned pair), a run of aligned pairs
-    at a time: its outputs are compared as slices, and one by one only when they differ."""
+    at a time: its outputs are compared as slices, and one by one only when they differ.
+    With a ``judge`` (--tolerant), a differing pair is the divergence only when rounding does
+    not explain it; pairs are judged until the drift series is complete."""
     runs = align_step(ops_a, ops_b, records_of(explainer.trace_a, explainer.trace_b))
     alignments.add(step, ops_a, ops_b, runs)
     n_a, n_b = len(ops_a), len(ops_b)
@@ -412,19 +438,25 @@ def _compare_step(
                 for k in range(n):
                     if out_a[i + k] == out_b[j + k]:
                         continue
-                    if result.first is None:
+                    if result.first is None or (judge is not None and judge.measuring(step)):
                         op_a, op_b = (
                             t.op(o.index[p])
                             for t, o, p in zip(traces, (ops_a, ops_b), (i + k, j + k), strict=True)
                         )
-                        if reach is None:
-                            reach = Reach(traces, (ops_a, ops_b), dict(pairs_of(runs)))
-                        absorbed = reach.absorbed(i + k, j + k, op_a, op_b)
-                        if absorbed is not None:
-                            summary.absorbed_pairs.append((op_a.index, op_b.index))
-                            _note_absorbed(result, explainer, absorbed)
-                            continue
-                        result.first = explainer.explain(op_a, op_b)
+                        judged = judge.judge(op_a, op_b) if judge is not None else None
+                        if result.first is None and (judge is None or judged is not None):
+                            if reach is None:
+                                reach = Reach(traces, (ops_a, ops_b), dict(pairs_of(runs)))
+                            absorbed = reach.absorbed(i + k, j + k, op_a, op_b)
+                            if absorbed is not None:
+                                summary.absorbed_pairs.append((op_a.index, op_b.index))
+                                _note_absorbed(result, explainer, absorbed)
+                                continue
+                            result.first = (
+                                explainer.explain(op_a, op_b)
+                                if judge is None or judged is None
+                                else judge.divergence(explainer, op_a, op_b, judged)
+                            )
                     summary.differing += 1
         prev_i, prev_j = i + n, j + n
     result.steps.append(summary)
@@ -465,6 +497,8 @@ class RunDiff:
     # Ranks recorded in one run only (runs of different world sizes): listed, not compared.
     only_in_a: list[int] = field(default_factory=list)
     only_in_b: list[int] = field(default_factory=list)
+    # --tolerant: how differences were judged (None: bit for bit)
+    tolerance: Tolerance | None = None
 
     @property
     def uncompared(self) -> list[str]:
@@ -491,6 +525,15 @@ class RunDiff:
         return min(found, key=lambda d: (d.step, d.observed_a.index, d.rank)) if found else None
 
     @property
+    def first_judgement(self) -> Judgement | None:
+        """--tolerant: why rounding does not explain :attr:`first` (its distances)."""
+        first = self.first
+        for r in self.ranks:
+            if r.first is first and first is not None and r.tolerance is not None:
+                return r.tolerance.first
+        return None
+
+    @property
     def origin_ranks(self) -> list[int]:
         return [r.rank for r in self.ranks if r.first is not None and self._is_origin(r)]
 
@@ -508,12 +551,47 @@ class RunDiff:
 
     @property
     def diverged(self) -> bool:
-        """Whether the runs differ: an op-level divergence, or a step whose state differs."""
-        return self.first is not None or self.state_first is not None
+        """Whether the runs differ: an op-level divergence, or a step whose state differs
+        (with --tolerant: in a rank compared by its step-level records alone; where ops were
+        compared, they judge)."""
+        if self.first is not None:
+            return True
+        if self.tolerance is None:
+            return self.state_first is not None
+        return any(r.state_first is not None and not r.ops_compared for r in self.ranks)
 
     @property
     def verdict(self) -> str:
-        return "diverged" if self.diverged else "identical"
+        """``identical``, ``diverged``, or with --tolerant ``within-rounding``: the runs
+        differ, by no more than rounding explains."""
+        if self.diverged:
+            return "diverged"
+        if self.tolerance is not None and self.differs:
+            return "within-rounding"
+        return "identical"
+
+    @property
+    def differs(self) -> bool:
+        """Whether any compared value differs at all (an aligned op's outputs, a state)."""
+        return self.state_first is not None or any(
+            r.differing or r.absorbed_count for r in self.ranks
+        )
+
+    def drift(self) -> list[tuple[int, float | None]]:
+        """--tolerant: the largest relative distance of each step's aligned ops over the
+        ranks, for the steps around the first divergence (every step when none); None where
+        a distance was unknown."""
+        around = self.first.step if self.first is not None else None
+        largest: dict[int, float | None] = {}
+        for r in self.ranks:
+            if r.tolerance is None:
+                continue
+            steps = [s.step for s in r.steps]
+            for step, distance in r.tolerance.drift_series(steps, around):
+                known = largest.get(step, 0.0)
+                unknown = distance is None or (step in largest and known is None)
+                largest[step] = None if unknown else max(known or 0.0, distance or 0.0)
+        return sorted(largest.items())
 
     @property
     def known_difference(self) -> str:
@@ -523,7 +601,12 @@ class RunDiff:
 
 
 def diff_runs(
-    run_a: Run, run_b: Run, *, rank: int | None = None, step: int | None = None
+    run_a: Run,
+    run_b: Run,
+    *,
+    rank: int | None = None,
+    step: int | None = None,
+    tolerance: Tolerance | None = None,
 ) -> RunDiff:
     if rank is not None:
         ranks = [rank]
@@ -532,9 +615,10 @@ def diff_runs(
         if not ranks:
             raise TraceError(f"no rank recorded in both runs (A: {run_a.ranks}, B: {run_b.ranks})")
     if len(ranks) == 1:
-        results = [diff_rank(run_a.rank(ranks[0]), run_b.rank(ranks[0]), step=step)]
+        trace_a, trace_b = run_a.rank(ranks[0]), run_b.rank(ranks[0])
+        results = [diff_rank(trace_a, trace_b, step=step, tolerance=tolerance)]
     else:
-        results = _diff_in_parallel(str(run_a.path), str(run_b.path), ranks, step)
+        results = _diff_in_parallel(str(run_a.path), str(run_b.path), ranks, step, tolerance)
     if step is not None and not any(_compared(r, step) for r in results):
         # Nothing compared is not "identical": say which run lacks the step.
         has = [
@@ -567,11 +651,12 @@ def diff_runs(
         results,
         only_in_a=sorted(set(run_a.ranks) - set(run_b.ranks)) if compared_all else [],
         only_in_b=sorted(set(run_b.ranks) - set(run_a.ranks)) if compared_all else [],
+        tolerance=tolerance,
     )
 
 
 def _diff_in_parallel(
-    path_a: str, path_b: str, ranks: list[int], step: int | None
+    path_a: str, path_b: str, ranks: list[int], step: int | None, tolerance: Tolerance | None
 ) -> list[RankDiff]:
     """One process per rank (as many at a time as there are cores): ranks are independent
     until their roles are compared, and a large job's traces take long to walk one by one.
@@ -579,14 +664,16 @@ def _diff_in_parallel(
     workers = min(len(ranks), os.cpu_count() or 1)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = [pool.submit(_diff_rank_of, path_a, path_b, r, step) for r in ranks]
+        futures = [pool.submit(_diff_rank_of, path_a, path_b, r, step, tolerance) for r in ranks]
         return [f.result() for f in futures]
 
 
-def _diff_rank_of(path_a: str, path_b: str, rank: int, step: int | None) -> RankDiff:
+def _diff_rank_of(
+    path_a: str, path_b: str, rank: int, step: int | None, tolerance: Tolerance | None
+) -> RankDiff:
     """:func:`diff_rank` in a worker process, which opens the traces itself."""
     with Run(path_a) as run_a, Run(path_b) as run_b:
-        return diff_rank(run_a.rank(rank), run_b.rank(rank), step=step)
+        return diff_rank(run_a.rank(rank), run_b.rank(rank), step=step, tolerance=tolerance)
 
 
 def _compared(result: RankDiff, step: int) -> bool:

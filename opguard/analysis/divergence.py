@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from ..store import KernelEntry, OpRecord, RankTrace, TensorRecord, schema
 from .causes import (
+    ENVIRONMENT,
     KERNELS,
     UNRECORDED_GPU_WORK,
     UNVERIFIED_INPUT,
@@ -193,11 +194,49 @@ class Explainer:
                 self._absorbed.add((absorbed.a.index, absorbed.b.index, slot))
 
     def explain(self, op_a: OpRecord, op_b: OpRecord) -> Divergence:
+        div, unwritten = self._observed(op_a, op_b)
+        if not div.inputs:
+            self._settle(div, op_a, op_b, unwritten)
+        else:
+            self._follow(div)
+        return self._finish(div, inputs_equal=True)
+
+    def explain_at(
+        self,
+        op_a: OpRecord,
+        op_b: OpRecord,
+        cause: Cause,
+        slot: str = "",
+        producers: tuple[tuple[int, int] | None, tuple[int, int] | None] = (None, None),
+    ) -> Divergence:
+        """The divergence at ops whose difference rounding does not explain (the tolerant
+        walk, :mod:`.tolerant`), classified there instead of followed back: their inputs may
+        differ, by rounding. ``cause``: ARGUMENT or RNG (a changed argument or RNG state),
+        LEAF (input ``slot``, which no recorded op produced, differs beyond rounding),
+        INSERTED (input ``slot`` was written by ``producers``, ops of one run only: which
+        one is named as in :meth:`explain`), else ORIGIN (the op made a difference larger
+        than rounding of its own)."""
+        div, _ = self._observed(op_a, op_b)
+        if cause in (Cause.ARGUMENT, Cause.RNG):
+            div.kind, div.cause = Kind.ARGUMENT, cause
+        elif cause is Cause.LEAF:
+            div.kind, div.cause = Kind.PROPAGATED, Cause.LEAF
+            div.chain.append(Link(op_a, op_b, slot))
+        elif cause is Cause.INSERTED:
+            div.chain.append(Link(op_a, op_b, slot))
+            self._structure(div, *producers)
+        else:
+            div.kind, div.cause = Kind.ORIGIN, Cause.ORIGIN
+        return self._finish(div, inputs_equal=False)
+
+    def _observed(self, op_a: OpRecord, op_b: OpRecord) -> tuple[Divergence, list[TensorDiff]]:
+        """The divergence observed at ops ``op_a``/``op_b`` before it is classified (as an
+        origin), and its inputs that no recorded op wrote."""
         inputs, unwritten, arguments, rng = self._assess(op_a, op_b)
         div = Divergence(
             rank=self.trace_a.rank,
             step=op_a.step,
-            kind=Kind.ORIGIN,  # until classified below
+            kind=Kind.ORIGIN,
             cause=Cause.ORIGIN,
             a=op_a,
             b=op_b,
@@ -208,18 +247,24 @@ class Explainer:
             arguments=arguments,
             rng_differs=rng,
         )
-        if not inputs:
-            self._settle(div, op_a, op_b, unwritten)
-        else:
-            self._follow(div)
+        return div, unwritten
+
+    def _finish(self, div: Divergence, *, inputs_equal: bool) -> Divergence:
+        """A classified divergence's evidence: stream race, likely causes, summary and hint
+        (``inputs_equal``: an origin's inputs were equal, so GPU work OpGuard did not record
+        between their writes and the op may explain it)."""
         race = self._stream_race(div)
         div.race = race.text() if race is not None else ""
         gpu_work = (
             self._unrecorded_gpu_work(div)
-            if div.cause is Cause.ORIGIN and not div.kernels_differ
+            if inputs_equal and div.cause is Cause.ORIGIN and not div.kernels_differ
             else ""
         )
-        div.likely_causes = likely_causes(div, (self.trace_a, self.trace_b), race, gpu_work)
+        found = likely_causes(div, (self.trace_a, self.trace_b), race, gpu_work)
+        # Inputs that differ by rounding: only what changes an op's numerics bears on it.
+        div.likely_causes = (
+            found if inputs_equal else [c for c in found if c.kind in (ENVIRONMENT, KERNELS)]
+        )
         div.summary = summarise(div)
         div.hint = self._hint(div, gpu_work)
         return div

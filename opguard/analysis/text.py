@@ -8,6 +8,8 @@ front ends add their own styling). Torch-free, and it imports nothing above ``an
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 from ..store import KernelEntry, OpRecord, TensorRecord
@@ -113,3 +115,32 @@ def kernel_fields(k: KernelEntry) -> str:
         f"{key}={value_text(v)}" for key, v in sorted(k.to_json().items()) if key != "n"
     )
     return f"{clip(k.name, KERNEL_NAME_CHARS)} {rest}".rstrip()
+
+
+SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 60  # characters of a sparkline; longer series share a character (their largest)
+
+
+def sparkline(series: Sequence[tuple[int, float]], marked: int | None = None) -> str:
+    """A one-line picture of a per-step series (the tolerant diff's drift): one block per step
+    (the largest of several steps per block beyond :data:`SPARK_WIDTH`), its height the value
+    on a log scale from the smallest positive value to the largest, ``·`` for 0, and the block
+    holding step ``marked`` in brackets."""
+    if not series:
+        return ""
+    per = -(-len(series) // SPARK_WIDTH)  # steps per block
+    blocks = [series[k : k + per] for k in range(0, len(series), per)]
+    values = [max(v for _, v in block) for block in blocks]
+    positive = [v for v in values if 0 < v < math.inf]
+    low, high = (math.log10(min(positive)), math.log10(max(positive))) if positive else (0, 0)
+    chars = []
+    for block, value in zip(blocks, values, strict=True):
+        if value <= 0:
+            char = "·"
+        elif high == low or value == math.inf:
+            char = SPARK_BLOCKS[-1]
+        else:
+            level = (math.log10(value) - low) / (high - low) * (len(SPARK_BLOCKS) - 1)
+            char = SPARK_BLOCKS[round(level)]
+        chars.append(f"[{char}]" if any(step == marked for step, _ in block) else char)
+    return "".join(chars)

@@ -21,8 +21,10 @@ from ..analysis.text import (
     kernel_line,
     leading_bits,
     leading_values,
+    sparkline,
     stats_text,
 )
+from ..analysis.tolerant import Judgement
 from ..store import CallSite, OpRecord, TensorRecord
 from .render import console
 
@@ -129,9 +131,14 @@ def print_diff(result: RunDiff) -> None:
     note = mode_note(result.meta_a, result.meta_b)
     if note:
         console.print(f"  note: {escape(note)}")
+    if result.tolerance is not None:
+        _print_tolerance(result)
     if result.first is not None:
         print_divergence(result.first, result.known_difference)
-    elif result.state_first is not None:
+        judged = result.first_judgement
+        if judged is not None:
+            _print_judgement(judged)
+    elif result.diverged and result.state_first is not None:
         print_state_divergence(result.state_first, result)
     if len(result.ranks) > 1 and result.first is not None:
         _print_roles(result)
@@ -154,6 +161,54 @@ def print_diff(result: RunDiff) -> None:
             console.print(f"    note: {escape(note)}")
     for note in result.uncompared:
         console.print(f"  note: {escape(note)}")
+
+
+def _print_tolerance(result: RunDiff) -> None:
+    """How differences were judged, how many rounding explained, and the drift per step."""
+    tolerance = result.tolerance
+    assert tolerance is not None
+    found = [r.tolerance for r in result.ranks if r.tolerance is not None]
+    explained, flips = sum(t.explained for t in found), sum(t.flips for t in found)
+    flipped = f", {flips} of them integer/bool flips" if flips else ""
+    console.print(
+        f"  tolerant ({tolerance.mode}: {escape(tolerance.text())}): {explained} differing "
+        f"aligned op(s) explained by rounding{flipped}"
+    )
+    drift = [(step, d) for step, d in result.drift() if d is not None]
+    if not drift:
+        return
+    marked = result.first.step if result.first is not None else None
+    largest = max(d for _, d in drift)
+    where = "" if marked is None else f"; [ ] step {marked}, the first divergence"
+    console.print(
+        f"  drift, largest relative distance per step (log scale{where}): "
+        f"{escape(sparkline(drift, marked))}  steps {drift[0][0]}–{drift[-1][0]}, "
+        f"max {largest:.1e}"
+    )
+
+
+def _print_judgement(judged: Judgement) -> None:
+    """The first divergence's distances (the summary said what rounding did not explain)."""
+    output, tensor = judged.output, judged.tensor
+    limit = "?" if judged.limit is None else f"{judged.limit:.1e}"
+    unit = f" (u = {judged.unit:.1e})" if judged.unit else ""
+    if output is not None:
+        source = judged.input.text() if judged.input is not None else "unknown"
+        norms = (
+            ""
+            if output.norm_a is None or output.norm_b is None
+            else (f"; norms {output.norm_a:.4g} (A), {output.norm_b:.4g} (B)")
+        )
+        console.print(
+            f"    distance: outputs {escape(output.text())}, inputs {escape(source)}; "
+            f"amplification {escape(judged.amplification_text())}; rounding explains up to "
+            f"{limit}{unit}{norms}"
+        )
+    elif tensor is not None:
+        console.print(
+            f"    distance: input {escape(judged.slot)} {escape(tensor.text())}; rounding "
+            f"explains up to {limit}{unit}"
+        )
 
 
 def print_state_divergence(div: StepDivergence, result: RunDiff) -> None:

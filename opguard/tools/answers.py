@@ -19,6 +19,7 @@ from ..analysis.divergence import differing_arguments, differing_tensors
 from ..analysis.lookup import input_tensor, source_around
 from ..analysis.rows import RankRows, Row, Side
 from ..analysis.text import VALUES_SHOWN
+from ..analysis.tolerant import Tolerance, parse_tolerance
 from ..store import OpRecord, RankTrace, Run, TensorRecord
 from .registry import Pages, ToolError
 
@@ -415,11 +416,24 @@ def kernels(args: dict[str, Any]) -> Pages:
 # -- the diff ---------------------------------------------------------------------------------
 
 
+def tolerance_of(tolerant: str | None) -> Tolerance | None:
+    """The ``tolerant`` argument of the diff and explain tools: None (bit for bit), ``auto``
+    or a relative bound; a :class:`ToolError` for anything else."""
+    if tolerant is None:
+        return None
+    try:
+        return parse_tolerance(tolerant)
+    except ValueError as exc:
+        raise ToolError(str(exc)) from None
+
+
 def diff(args: dict[str, Any]) -> Pages:
     """The ``opguard.diff/1`` object (``brief``: without ops given twice); the per-step lists
     of its ranks are the pages."""
+    tolerance = tolerance_of(args["tolerant"])
     with _runs(args["run_a"], args["run_b"]) as (run_a, run_b):
-        whole = to_json(diff_runs(run_a, run_b, rank=args["rank"], step=args["step"]))
+        found = diff_runs(run_a, run_b, rank=args["rank"], step=args["step"], tolerance=tolerance)
+        whole = to_json(found)
     if args["brief"]:
         whole = brief_json(whole)
     steps = [r.pop("steps") for r in whole["ranks"]]

@@ -15,6 +15,14 @@ RANK = Param("rank", "integer", "rank (default: the lowest recorded)", "--rank",
 # explain's settings are checked where every source of them is (flags, environment, config).
 STEP = Param("step", "integer", "compare only this step", "--step", minimum=0)
 PAIR = (RUN_A, RUN_B, INDEX, SIDE, RANK)
+TOLERANT = Param(
+    "tolerant",
+    "string",
+    "runs expected to differ by rounding (another torch, GPU, TF32, bf16): 'auto' names the "
+    "first difference rounding does not explain, a number such as '1e-3' the first larger "
+    "than that relative distance (default: bit for bit)",
+    "--tolerant",
+)
 # The zoom commands (tensor, replay) name run A's op with --op and default to rank 0.
 OP = Param(
     "index",
@@ -72,6 +80,7 @@ TOOLS: tuple[Tool, ...] = (
             RUN_B,
             RANK,
             STEP,
+            TOLERANT,
             Param(
                 "brief",
                 "boolean",
@@ -189,6 +198,7 @@ TOOLS: tuple[Tool, ...] = (
             RUN_B,
             RANK,
             STEP,
+            TOLERANT,
             Param("model", "string", "LiteLLM model string; none: offline reading only", "--model"),
             Param(
                 "budget",

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..analysis import diff_runs
 from ..store import Run
+from .answers import tolerance_of
 from .registry import ToolError
 
 if TYPE_CHECKING:
@@ -33,7 +34,13 @@ def explain(args: dict[str, Any]) -> dict[str, Any]:
     """The ``explain`` tool: what ``opguard explain … --json --brief`` prints."""
     flags = {name: args.get(name) for name in SETTING_FLAGS}
     report, _ = explain_report(
-        args["run_a"], args["run_b"], args["rank"], args["step"], flags, args["question"]
+        args["run_a"],
+        args["run_b"],
+        args["rank"],
+        args["step"],
+        flags,
+        args["question"],
+        tolerant=args["tolerant"],
     )
     return brief_report(report)
 
@@ -46,14 +53,17 @@ def explain_report(
     flags: dict[str, Any],
     question: str | None,
     *,
+    tolerant: str | None = None,
     opening: Callable[[Session], None] | None = None,
 ) -> tuple[dict[str, Any], int]:
-    """The ``opguard.explain/1`` report and the exit status. With ``opening`` (the CLI's
+    """The ``opguard.explain/1`` report and the exit status. ``tolerant``: ``--tolerant``'s
+    value (the diff judges differences against rounding). With ``opening`` (the CLI's
     printing of the bundle or the limits), the conversation is printed as it happens too."""
     from ..agent import BudgetRefused, ConfigError, ProviderError, open_session, resolve_settings
 
+    tolerance = tolerance_of(tolerant)
     with Run(path_a) as run_a, Run(path_b) as run_b:
-        result = diff_runs(run_a, run_b, rank=rank, step=step)
+        result = diff_runs(run_a, run_b, rank=rank, step=step, tolerance=tolerance)
         try:
             session = open_session(result, run_a, run_b, resolve_settings(flags))
         except ConfigError as exc:

@@ -20,6 +20,19 @@ def call_tool(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     return BY_NAME[name].call(arguments)
 
 
+def add_tolerant(parser: argparse.ArgumentParser) -> None:
+    """``--tolerant[=REL]`` (``opguard diff``, ``opguard explain``)."""
+    parser.add_argument(
+        "--tolerant",
+        nargs="?",
+        const="auto",
+        metavar="REL",
+        help="runs expected to differ by rounding (another torch, GPU, TF32, bf16): name the "
+        "first difference rounding does not explain (auto), or larger than relative distance "
+        "REL (--tolerant=1e-3)",
+    )
+
+
 def directory_name(text: str) -> str:
     """An argparse type for a directory to write: an empty name is refused, not read as the
     working directory (which is what a path made of it would mean)."""

@@ -1,5 +1,5 @@
-"""``opguard diff RUN_A RUN_B [--rank K] [--step S] [--json [--brief] [--offset N] [--limit N]]``:
-exit 0 identical, 1 diverged."""
+"""``opguard diff RUN_A RUN_B [--rank K] [--step S] [--tolerant[=REL]] [--json [--brief]
+[--offset N] [--limit N]]``: exit 0 identical (or within rounding), 1 diverged."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import argparse
 
 from ...analysis import diff_runs
 from ...analysis.contract import to_json
+from ...analysis.tolerant import parse_tolerance
 from ...store import Run
-from .base import CommandError, call_tool, print_json
+from .base import CommandError, add_tolerant, call_tool, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,12 +17,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "diff",
         help="name the first op where two runs stop computing the same",
         description="Aligns two recorded runs and names the first observed difference. "
-        "Exit status: 0 identical, 1 diverged, 2 error.",
+        "Exit status: 0 identical (or within rounding, with --tolerant), 1 diverged, 2 error.",
     )
     p.add_argument("run_a", metavar="RUN_A")
     p.add_argument("run_b", metavar="RUN_B")
     p.add_argument("--rank", type=int, help="compare only this rank")
     p.add_argument("--step", type=int, help="compare only this step")
+    add_tolerant(p)
     p.add_argument("--json", action="store_true", help="print the opguard.diff/1 JSON object")
     p.add_argument(
         "--brief",
@@ -39,14 +41,20 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--offset and --limit page the per-step lists of --json: add --json")
     if args.brief and not args.json:
         raise CommandError("--brief shortens the JSON object: add --json")
+    tolerance = None
+    if args.tolerant is not None:
+        try:
+            tolerance = parse_tolerance(args.tolerant)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
     if paged or args.brief:
         # Bounded in size, a page of the per-step lists: the diff tool's answer.
-        keys = ("run_a", "run_b", "rank", "step", "brief", "offset", "limit")
+        keys = ("run_a", "run_b", "rank", "step", "tolerant", "brief", "offset", "limit")
         answer = call_tool("diff", {k: getattr(args, k) for k in keys})
         print_json(answer)
         return 1 if answer.get("verdict") == "diverged" else 0
     with Run(args.run_a) as run_a, Run(args.run_b) as run_b:
-        result = diff_runs(run_a, run_b, rank=args.rank, step=args.step)
+        result = diff_runs(run_a, run_b, rank=args.rank, step=args.step, tolerance=tolerance)
         if args.json:
             print_json(to_json(result))
         else:

@@ -17,7 +17,7 @@ from ...spending_limits import (
     DEFAULT_ROUNDS,
 )
 from ...tools.explanation import SETTING_FLAGS, brief_report, explain_report
-from .base import print_json
+from .base import add_tolerant, print_json
 
 if TYPE_CHECKING:  # the agent is imported only when explain runs, LiteLLM only for a model
     from ...agent import Session
@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_b", metavar="RUN_B")
     p.add_argument("--rank", type=int, help="compare only this rank")
     p.add_argument("--step", type=int, help="compare only this step")
+    add_tolerant(p)
     p.add_argument(
         "--model",
         metavar="M",
@@ -108,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         args.step,
         flags,
         args.question,
+        tolerant=args.tolerant,
         opening=None if args.json else _print_opening,
     )
     if args.json:
@@ -131,7 +133,8 @@ def _print_opening(session: Session) -> None:
     print(evidence.text)
     print(f"evidence: {evidence.size()}")
     if not session.result.diverged:
-        print("The runs are identical: nothing to explain, no model asked.")
+        how = "identical" if session.result.verdict == "identical" else "within rounding"
+        print(f"The runs are {how}: nothing to explain, no model asked.")
     else:
         print(
             f"No model configured: the reading above is OpGuard's offline answer.\n{HOW_TO_ENABLE}"

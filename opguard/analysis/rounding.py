@@ -1,0 +1,102 @@
+"""The rounding an op may do: its unit roundoff ``u``, the relative error of one rounding at the
+precision it computes in, which the tolerant diff's budget is a multiple of.
+
+``u`` is the coarsest of:
+
+- the unit roundoff of every floating-point tensor the op reads or writes, in either run
+  (:data:`UNIT_ROUNDOFF`): an aligned op that runs in bfloat16 under autocast in one run and in
+  float32 in the other rounds like bfloat16;
+- the precision its kernels compute in where a recorded setting makes it coarser than its
+  tensors' dtype (:func:`compute_unit`): TF32 (10 mantissa bits, ``2**-11``) in float32 matmuls
+  on CUDA when either run allowed it (``cuda_matmul_tf32``, or ``float32_matmul_precision``
+  ``high``; ``medium`` allows bfloat16, ``2**-8``), and in cuDNN convolutions (``cudnn_tf32``,
+  PyTorch's default). The reduced-precision reduction flags of float16 and bfloat16 matmuls
+  change where partial sums round, not the dtype they round to: ``u`` stays that dtype's.
+
+Torch-free: it reads dtype names and the recorded environment (:mod:`opguard.store.environment`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..store import OpRecord
+from ..store.environment import Environment
+
+# Unit roundoff (half the distance from 1 to the next number) of each floating-point dtype as
+# traces name them: 2**-p for p significand bits (the implicit one included).
+UNIT_ROUNDOFF: dict[str, float] = {
+    "float64": 2.0**-53,
+    "complex128": 2.0**-53,
+    "float32": 2.0**-24,
+    "complex64": 2.0**-24,
+    "float16": 2.0**-11,
+    "complex32": 2.0**-11,
+    "bfloat16": 2.0**-8,
+    "float8_e4m3fn": 2.0**-4,
+    "float8_e4m3fnuz": 2.0**-4,
+    "float8_e5m2": 2.0**-3,
+    "float8_e5m2fnuz": 2.0**-3,
+    "float8_e8m0fnu": 2.0**-1,  # powers of two only: a value rounds to within a factor of two
+}
+TF32 = 2.0**-11
+BF16 = UNIT_ROUNDOFF["bfloat16"]
+
+# Ops whose float32 kernels use TF32 when allowed (overload and ``aten::`` left out): cuBLAS
+# matmuls and the attention kernels built on them; cuDNN convolutions.
+MATMUL_OPS = frozenset(
+    {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "addbmm", "dot"}
+    | {"_scaled_mm", "_addmm_activation", "scaled_dot_product_attention"}
+    | {"_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention"}
+    | {"_scaled_dot_product_efficient_attention_backward"}
+    | {"_scaled_dot_product_flash_attention_backward"}
+)
+CONV_OPS = frozenset(
+    {"convolution", "_convolution", "convolution_backward", "cudnn_convolution"}
+    | {"cudnn_convolution_transpose", "conv1d", "conv2d", "conv3d"}
+)
+
+
+def dtype_unit(dtype: str) -> float | None:
+    """The unit roundoff of a dtype; None for integer, bool and unknown dtypes (no rounding)."""
+    return UNIT_ROUNDOFF.get(dtype)
+
+
+def base_name(op: str) -> str:
+    """``mm`` of ``aten::mm.default``."""
+    return op.rpartition("::")[2].partition(".")[0]
+
+
+def compute_unit(op: OpRecord, environments: Iterable[Environment]) -> float | None:
+    """The unit of the precision a float32 op on CUDA computes in where a recorded setting of
+    either run makes it coarser than float32 (TF32, bfloat16); None where none does."""
+    if not any(t.device.startswith("cuda") and t.dtype == "float32" for t in op.inputs):
+        return None
+    name = base_name(op.op)
+    units = []
+    for env in environments:
+        fields = env.fields
+        if name in MATMUL_OPS:
+            precision = fields.get("float32_matmul_precision")
+            if precision == "medium":
+                units.append(BF16)
+            elif fields.get("cuda_matmul_tf32") or precision == "high":
+                units.append(TF32)
+        if name in CONV_OPS and fields.get("cudnn_tf32"):
+            units.append(TF32)
+    return max(units, default=None)
+
+
+def op_unit(
+    op_a: OpRecord, op_b: OpRecord, environments: tuple[Environment, Environment]
+) -> float | None:
+    """``u`` of an aligned pair of ops (the module doc); None when it touches no floating-point
+    tensor in either run (nothing it computes rounds)."""
+    units = [
+        unit
+        for op in (op_a, op_b)
+        for t in (*op.inputs, *op.outputs)
+        if (unit := dtype_unit(t.dtype)) is not None
+    ]
+    units += [u for op in (op_a, op_b) if (u := compute_unit(op, environments)) is not None]
+    return max(units, default=None)

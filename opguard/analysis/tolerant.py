@@ -1,0 +1,531 @@
+"""The tolerant diff (``opguard diff --tolerant``): of two runs expected to differ by rounding
+(another torch build or GPU, TF32, bf16 autocast, another parallel layout), the first op whose
+difference rounding does not explain.
+
+The walk is the bitwise diff's (:mod:`.diff`: the same alignment, ops in execution order); at
+each aligned pair whose outputs differ, :class:`Judge` decides from the tensors' relative
+distances (:mod:`.distance`) whether rounding explains it:
+
+- a non-tensor argument that differs is rounding when it is a number within ``R * u`` of the
+  other run's (a scalar computed from rounded values), else a real change (``argument``); a
+  different RNG state is a real change too;
+- an input that no recorded op produced (data, initial parameters), or that an op of one run
+  only wrote, must be within rounding of its own: ``R * u`` for a leaf, ``A * d + R * u`` for
+  a tensor written by ops of one run only, ``d`` the largest distance of the aligned tensors
+  those ops read (``leaf``, ``structure``); an input an aligned op wrote was judged there;
+- the outputs' distance ``d_out`` (the largest) must be within ``A * d_in + R * u``, ``d_in``
+  the largest distance of the inputs (0 when they are equal), ``u`` the op's unit roundoff
+  (:mod:`.rounding`); else the op made the difference (``origin``, with its amplification
+  ``d_out / d_in``);
+- integer and bool outputs have no distance: where everything else is explained they are a
+  comparison flipped by rounded values (counted, reported, explained);
+- with a fixed bound (``--tolerant=REL``) every distance above is compared with ``REL``.
+
+A tensor whose distance is needed and unknown (no sketch: a trace recorded before sketches,
+non-finite values; shapes that differ) is never guessed: the op is not explained, and the
+bitwise answer is given for it, saying that the distance is unknown.
+
+Cost: records are decoded only where fingerprints differ (as the bitwise walk decodes the first
+difference), and each judgement is a few sketch distances; the walk stays linear.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from numbers import Real
+from typing import Any
+
+from ..store import OpRecord, RankTrace, TensorRecord
+from .distance import EQUAL, Distance, finite, tensor_distance
+from .divergence import Alignment, ArgumentDiff, Divergence, Explainer, differing_arguments
+from .divergence import differing_tensors as differing
+from .rounding import dtype_unit, op_unit
+from .verdict import Cause, Kind, Side
+
+# The rule's constants: d_out <= A * d_in + R * u. A bounds how much an op may amplify its
+# inputs' relative difference (a well-conditioned op: its condition number); R how many of its
+# own roundings an op's output may carry relative to its norm (a reduction over K terms rounds
+# about log2(K) levels deep). Measured with bench/tolerant_calibration.py (a 256-1024-10 MLP
+# trained 3 steps with SGD, float32 as PyTorch computes it against every op computed in float64
+# and rounded: 145 differing ops): amplification d_out/d_in median 1, max 16.5 (an addmm whose
+# output is its own rounding, 3.5 u, over inputs 0.2 u apart); rounding left past 16 * d_in at
+# most 3.5 u, so R = 64 leaves a factor of 18. With momentum 0.8 in run B from step 1, the
+# momentum buffers' mul_ leaves 1.9e6 u (and is named as an argument change first).
+A_FACTOR = 16.0
+R_FACTOR = 64.0
+DRIFT_AROUND = 5  # steps either side of the first divergence in the drift series
+
+
+class Mode(StrEnum):
+    AUTO = "auto"  # the rule above
+    FIXED = "fixed"  # a relative bound given with --tolerant=REL
+
+
+@dataclass(frozen=True, slots=True)
+class Tolerance:
+    """How differences are judged: the rule (``rel`` None) or a fixed relative bound."""
+
+    rel: float | None = None
+    amplification: float = A_FACTOR
+    roundings: float = R_FACTOR
+
+    @property
+    def mode(self) -> Mode:
+        return Mode.AUTO if self.rel is None else Mode.FIXED
+
+    def limit(self, d_in: float, unit: float | None) -> float:
+        """What rounding explains of a tensor whose sources differ by ``d_in``."""
+        if self.rel is not None:
+            return self.rel
+        return self.amplification * d_in + self.roundings * (unit or 0.0)
+
+    def text(self) -> str:
+        if self.rel is not None:
+            return f"relative distance ≤ {self.rel:g}"
+        return f"d_out ≤ {self.amplification:g}·d_in + {self.roundings:g}·u"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "rel": self.rel,
+            "A": self.amplification,
+            "R": self.roundings,
+        }
+
+
+def parse_tolerance(text: str) -> Tolerance:
+    """``--tolerant``'s value: ``auto`` (the rule) or REL, a relative bound > 0; a
+    :class:`ValueError` saying why anything else is not."""
+    if text == Mode.AUTO:
+        return Tolerance()
+    try:
+        rel = float(text)
+    except ValueError:
+        rel = math.nan
+    if not (math.isfinite(rel) and rel > 0):
+        raise ValueError(
+            f"--tolerant takes 'auto' or a relative distance > 0 (--tolerant=1e-3), not {text!r}"
+        )
+    return Tolerance(rel=rel)
+
+
+class Reason(StrEnum):
+    """Why an aligned op's difference is not explained by rounding (the JSON's words)."""
+
+    AMPLIFIED = "amplified"  # its outputs differ more than its inputs and rounding explain
+    ARGUMENT = "argument"  # a non-tensor argument, or the RNG state, changed
+    LEAF = "leaf"  # an input no recorded op produced differs beyond rounding
+    STRUCTURE = "structure"  # an input ops of one run only wrote differs beyond rounding
+    UNKNOWN = "unknown"  # a distance that decides it is unknown (no sketch, other shapes)
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """An aligned pair of ops whose difference rounding does not explain: why, and the
+    distances (``input``: EQUAL when the inputs are equal; None where unknown). For LEAF and
+    STRUCTURE, ``slot`` is the input and ``tensor`` its distance; ``limit`` what rounding
+    explains of the tensor judged (``budget`` of the outputs for AMPLIFIED)."""
+
+    reason: Reason
+    output: Distance | None
+    input: Distance | None
+    limit: float | None
+    unit: float | None
+    what: str  # one sentence: what exceeded what
+    slot: str = ""
+    tensor: Distance | None = None
+    producers: tuple[tuple[int, int] | None, tuple[int, int] | None] = (None, None)
+    discrete_inputs: tuple[str, ...] = ()  # integer/bool inputs that differ (flips upstream)
+
+    @property
+    def amplification(self) -> float | None:
+        """``d_out / d_in``; None when the inputs are equal or a distance is unknown."""
+        if self.output is None or self.input is None or self.input.exact:
+            return None
+        return self.output.estimate / self.input.estimate if self.input.estimate else math.inf
+
+    def amplification_text(self) -> str:
+        if self.input is not None and self.input.exact:
+            return "inputs equal"
+        amplification = self.amplification
+        return "unknown" if amplification is None else f"{amplification:.3g}×"
+
+    def to_json(self) -> dict[str, Any]:
+        output = self.output
+        return {
+            "reason": self.reason,
+            "output": finite(output.estimate) if output is not None else None,
+            "input": finite(self.input.estimate) if self.input is not None else None,
+            "amplification": finite(self.amplification),
+            "inputs_equal": self.input is not None and self.input.exact,
+            "budget": self.limit,
+            "unit": self.unit,
+            "interval": [finite(output.low), finite(output.high)] if output is not None else None,
+            "floor": output.floor if output is not None else None,
+            "norms": {"a": output.norm_a, "b": output.norm_b} if output is not None else None,
+            "slot": self.slot or None,
+            "tensor": self.tensor.to_json() if self.tensor is not None else None,
+            "discrete_inputs": list(self.discrete_inputs),
+            "text": self.what,
+        }
+
+
+@dataclass
+class RankTolerance:
+    """What the tolerant walk found on one rank: the pairs rounding explained, the discrete
+    flips among them, the first unexplained pair's judgement (beside ``RankDiff.first``), and
+    the largest relative distance of each step's aligned ops (``drift``: the steps measured)."""
+
+    explained: int = 0
+    flips: int = 0
+    first: Judgement | None = None
+    drift: dict[int, float] = field(default_factory=dict)
+    unknown_steps: set[int] = field(default_factory=set)  # a distance there was unknown
+
+    def drift_series(
+        self, steps: Sequence[int], around: int | None
+    ) -> list[tuple[int, float | None]]:
+        """(step, largest distance) of the compared ``steps``, those within ``DRIFT_AROUND``
+        of step ``around`` when given; None for a step where a distance was unknown."""
+        return [
+            (step, None if step in self.unknown_steps else self.drift.get(step, 0.0))
+            for step in steps
+            if around is None or abs(step - around) <= DRIFT_AROUND
+        ]
+
+
+class Judge:
+    """Judges one rank's aligned pairs whose outputs differ, in execution order (the rules:
+    the module doc)."""
+
+    def __init__(
+        self,
+        tolerance: Tolerance,
+        traces: tuple[RankTrace, RankTrace],
+        alignment: Alignment,
+    ) -> None:
+        self.tolerance = tolerance
+        self.traces = traces
+        self.alignment = alignment
+        self.environments = (traces[0].environment, traces[1].environment)
+        self.found = RankTolerance()
+        self._first_step: int | None = None
+        # Each judged op's output distance by (side, op index), for the ops of one run only
+        # that read them: the steps of DRIFT_AROUND kept (older producers count 0).
+        self._written: dict[int, dict[tuple[int, int], float]] = {}
+
+    def measuring(self, step: int) -> bool:
+        """Whether pairs of ``step`` are still judged: before the first divergence, and for
+        the drift series after it."""
+        return self._first_step is None or step <= self._first_step + DRIFT_AROUND
+
+    def judge(self, op_a: OpRecord, op_b: OpRecord) -> Judgement | None:
+        """None when rounding explains the difference of aligned ops ``op_a``/``op_b``."""
+        unit = op_unit(op_a, op_b, self.environments)
+        judged = self._arguments(op_a, op_b, unit)
+        if judged is None:
+            d_in, judged, discrete = self._inputs(op_a, op_b, unit)
+            if judged is None:
+                judged = self._outputs(op_a, op_b, d_in, unit, discrete)
+        if judged is not None and judged.reason is Reason.UNKNOWN:
+            self.found.unknown_steps.add(op_a.step)
+        return judged
+
+    def divergence(
+        self, explainer: Explainer, op_a: OpRecord, op_b: OpRecord, judged: Judgement
+    ) -> Divergence:
+        """The first divergence at ``op_a``/``op_b``, classified by what was not explained;
+        an unknown distance gives the bitwise answer."""
+        self.found.first, self._first_step = judged, op_a.step
+        if judged.reason is Reason.UNKNOWN:
+            div = explainer.explain(op_a, op_b)
+            div.summary = f"{judged.what}: the bitwise answer — {div.summary}"
+            return div
+        cause = {
+            Reason.ARGUMENT: Cause.RNG if op_a.rng != op_b.rng else Cause.ARGUMENT,
+            Reason.LEAF: Cause.LEAF,
+            Reason.STRUCTURE: Cause.INSERTED,
+            Reason.AMPLIFIED: Cause.ORIGIN,
+        }[judged.reason]
+        div = explainer.explain_at(op_a, op_b, cause, judged.slot, judged.producers)
+        if div.kind is Kind.ORIGIN:  # the bitwise words say its inputs were equal
+            op = div.observed_a
+            div.summary = f"{op.op} at {op.call_site.short()}: {judged.what}"
+        else:
+            div.summary = f"{div.summary}; {judged.what}"
+        return div
+
+    # -- the rules -------------------------------------------------------------------------
+
+    def _arguments(self, op_a: OpRecord, op_b: OpRecord, unit: float | None) -> Judgement | None:
+        if op_a.rng != op_b.rng:
+            return Judgement(
+                Reason.ARGUMENT, None, None, None, unit, "the RNG state it consumed differs"
+            )
+        limit = self.tolerance.limit(0.0, unit)
+        for arg in differing_arguments(op_a, op_b):
+            distance = _argument_distance(arg)
+            if distance is None or distance > limit:
+                how = (
+                    "not a number rounding changes"
+                    if distance is None
+                    else f"{distance:.2g} relative, more than rounding explains ({limit:.2g})"
+                )
+                return Judgement(Reason.ARGUMENT, None, None, limit, unit, f"a real change: {how}")
+        return None
+
+    def _inputs(
+        self, op_a: OpRecord, op_b: OpRecord, unit: float | None
+    ) -> tuple[Distance, Judgement | None, tuple[str, ...]]:
+        """The largest input distance, the judgement of an input that is not explained, and
+        the integer/bool inputs that differ."""
+        d_in: Distance = EQUAL
+        discrete: list[str] = []
+        for d in differing(op_a.inputs, op_b.inputs):
+            ta, tb = d.a, d.b
+            if ta is None or tb is None:
+                return EQUAL, _unknown(d.slot, "input", "exists in one run only", unit), ()
+            if ta.is_uninitialized or tb.is_uninitialized:
+                continue  # garbage in both: what it becomes is judged where it is written
+            if not _floating(ta, tb):
+                discrete.append(d.slot)
+                continue
+            distance = tensor_distance(ta, tb)
+            if distance is None:
+                return EQUAL, _unknown(d.slot, "input", _why_unknown(ta, tb), unit), ()
+            source = self._source(ta, tb)
+            if source is not None:
+                judged = self._source_judgement(d.slot, ta, tb, distance, source, unit)
+                if judged is not None:
+                    return EQUAL, judged, ()
+            if d_in.exact or distance.estimate > d_in.estimate:
+                d_in = distance
+        return d_in, None, tuple(discrete)
+
+    def _source(self, ta: TensorRecord, tb: TensorRecord) -> Reason | None:
+        """LEAF or STRUCTURE for an input rounding must explain by itself; None for one an
+        aligned pair wrote (judged there)."""
+        pa, pb = ta.producer, tb.producer
+        align = self.alignment
+        if pa is None and pb is None:
+            return Reason.LEAF
+        if pa is not None and pb is not None and align.b_of(pa[0]) == pb[0]:
+            return None
+        if (pa is None or not align.compared(pa[0], 0)) and (
+            pb is None or not align.compared(pb[0], 1)
+        ):
+            return Reason.LEAF  # made before the compared steps (--step): as data
+        return Reason.STRUCTURE
+
+    def _source_judgement(
+        self,
+        slot: str,
+        ta: TensorRecord,
+        tb: TensorRecord,
+        distance: Distance,
+        source: Reason,
+        unit: float | None,
+    ) -> Judgement | None:
+        own = max((u for t in (ta, tb) if (u := dtype_unit(t.dtype)) is not None), default=None)
+        if source is Reason.LEAF:
+            limit = self.tolerance.limit(0.0, own)
+            what = f"input '{slot}', which no recorded op produced"
+        else:
+            region = self._region((ta.producer, tb.producer))
+            limit = self.tolerance.limit(region, unit)
+            what = f"input '{slot}', written by ops of one run only"
+        if distance.estimate <= limit:
+            return None
+        return Judgement(
+            source,
+            None,
+            None,
+            limit,
+            own if source is Reason.LEAF else unit,
+            f"{what}, differs by {distance.text()} relative, more than rounding explains "
+            f"({limit:.2g})",
+            slot=slot,
+            tensor=distance,
+            producers=(ta.producer, tb.producer),
+        )
+
+    def _region(self, producers: tuple[tuple[int, int] | None, tuple[int, int] | None]) -> float:
+        """The largest distance of the aligned tensors that the ops of one run only which
+        wrote an input read (their own inputs, back through other such ops)."""
+        largest = 0.0
+        for side, produced in zip(Side, producers, strict=True):
+            if produced is None:
+                continue
+            for index in self._region_reads(side, produced[0]):
+                largest = max(largest, self._written_by(side, index))
+        return largest
+
+    def _region_reads(self, side: Side, start: int) -> Iterator[int]:
+        """The aligned ops whose outputs the ops of one run only from op ``start`` back read
+        (``start`` itself where it is aligned; at most MAX_REGION ops visited)."""
+        partner = self.alignment.b_of if side is Side.A else self.alignment.a_of
+        if partner(start) is not None:
+            yield start
+            return
+        pending, seen = [start], {start}
+        while pending and len(seen) <= MAX_REGION:
+            op = self.traces[side.value].op(pending.pop())
+            for t in op.inputs:
+                if t.producer is None:
+                    continue
+                index = t.producer[0]
+                if partner(index) is not None:
+                    yield index
+                elif index not in seen:
+                    seen.add(index)
+                    pending.append(index)
+
+    def _written_by(self, side: Side, index: int) -> float:
+        for written in self._written.values():
+            found = written.get((side.value, index))
+            if found is not None:
+                return found
+        return 0.0  # outputs equal (never judged), or judged too long ago
+
+    def _outputs(
+        self,
+        op_a: OpRecord,
+        op_b: OpRecord,
+        d_in: Distance,
+        unit: float | None,
+        discrete: tuple[str, ...],
+    ) -> Judgement | None:
+        d_out: Distance | None = None
+        flips = 0
+        for d in differing(op_a.outputs, op_b.outputs):
+            ta, tb = d.a, d.b
+            if ta is None or tb is None:
+                return _unknown(d.slot, "output", "exists in one run only", unit, d_in)
+            if ta.is_view or tb.is_view:
+                continue  # a view's data is its base's, judged where it is read
+            if not _floating(ta, tb):
+                flips += 1
+                continue
+            distance = tensor_distance(ta, tb)
+            if distance is None:
+                return _unknown(d.slot, "output", _why_unknown(ta, tb), unit, d_in)
+            if d_out is None or distance.estimate > d_out.estimate:
+                d_out = distance
+        returned = _returned_distance(op_a.returned, op_b.returned)
+        if returned is not None and (d_out is None or returned.estimate > d_out.estimate):
+            d_out = returned
+        elif returned is None and op_a.returned != op_b.returned:
+            flips += 1
+        budget = self.tolerance.limit(0.0 if d_in.exact else d_in.estimate, unit)
+        if d_out is not None:
+            self._note(op_a, op_b, d_out.estimate)
+            if d_out.estimate > budget:
+                return Judgement(
+                    Reason.AMPLIFIED,
+                    d_out,
+                    d_in,
+                    budget,
+                    unit,
+                    _amplified_text(d_out, d_in, budget, self.tolerance),
+                    discrete_inputs=discrete,
+                )
+        self.found.explained += 1
+        self.found.flips += flips
+        return None
+
+    def _note(self, op_a: OpRecord, op_b: OpRecord, distance: float) -> None:
+        step = op_a.step
+        drift = self.found.drift
+        drift[step] = max(drift.get(step, 0.0), distance)
+        written = self._written.setdefault(step, {})
+        written[(Side.A.value, op_a.index)] = written[(Side.B.value, op_b.index)] = distance
+        for old in [s for s in self._written if s < step - DRIFT_AROUND]:
+            del self._written[old]
+
+
+MAX_REGION = 64  # ops of one run only followed back from an input they wrote
+
+
+def _amplified_text(d_out: Distance, d_in: Distance, budget: float, tolerance: Tolerance) -> str:
+    """What exceeded what, in words."""
+    if tolerance.rel is not None:
+        return f"outputs differ by {d_out.text()} relative, more than {tolerance.rel:g}"
+    source = (
+        "its inputs are equal"
+        if d_in.exact
+        else f"{d_out.estimate / d_in.estimate if d_in.estimate else math.inf:.3g}× its "
+        f"inputs' {d_in.text()}"
+    )
+    return (
+        f"outputs differ by {d_out.text()} relative, {source}; rounding explains up to {budget:.2g}"
+    )
+
+
+def _floating(ta: TensorRecord, tb: TensorRecord) -> bool:
+    return dtype_unit(ta.dtype) is not None or dtype_unit(tb.dtype) is not None
+
+
+def _why_unknown(ta: TensorRecord, tb: TensorRecord) -> str:
+    if ta.shape != tb.shape:
+        return f"has other shapes ({list(ta.shape)} vs {list(tb.shape)})"
+    without = [name for name, t in (("A", ta), ("B", tb)) if t.sketch is None]
+    runs = " and ".join(without)
+    return (
+        f"has no sketch in run {runs} (a trace recorded before sketches, non-finite values, "
+        "or no readable storage)"
+    )
+
+
+def _unknown(
+    slot: str, role: str, why: str, unit: float | None, d_in: Distance | None = None
+) -> Judgement:
+    return Judgement(
+        Reason.UNKNOWN,
+        None,
+        d_in,
+        None,
+        unit,
+        f"distance unknown: {role} '{slot}' {why}",
+        slot=slot,
+    )
+
+
+def _argument_distance(arg: ArgumentDiff) -> float | None:
+    """The relative difference of two runs' values of a numeric argument (the largest over a
+    list of numbers); None for anything else (a bool, a string, an argument not passed)."""
+    if not (arg.a_passed and arg.b_passed):
+        return None
+    return _value_distance(arg.a, arg.b)
+
+
+def _value_distance(a: Any, b: Any) -> float | None:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return None
+        parts = [_value_distance(x, y) for x, y in zip(a, b, strict=True)]
+        return (
+            None if any(p is None for p in parts) else max((p or 0.0 for p in parts), default=0.0)
+        )
+    if a == b and type(a) is type(b):
+        return 0.0
+    if not _is_number(a) or not _is_number(b):
+        return None
+    scale = max(abs(a), abs(b))
+    return abs(a - b) / scale if scale else 0.0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _returned_distance(a: Any, b: Any) -> Distance | None:
+    """An op's returned floats (``.item()``) as a distance; None for other values."""
+    if not (isinstance(a, float) and isinstance(b, float) and a != b):
+        return None
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return None
+    distance = abs(a - b) / abs(a) if a else math.inf
+    return Distance(distance, distance, distance, 0.0, abs(a), abs(b), True)

@@ -1,0 +1,399 @@
+"""``opguard diff --tolerant``: distances from sketches, the rounding rule, the walk's verdicts,
+the CLI and the JSON, on synthetic traces whose values come from numpy (so each test knows the
+true distances)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import cli_in_process
+from sketch_reference import stored_sketch
+from traces import TraceBuilder, tensor
+
+from opguard.analysis import diff_runs
+from opguard.analysis.contract import to_json
+from opguard.analysis.distance import sketch_distance
+from opguard.analysis.rounding import TF32, op_unit
+from opguard.analysis.text import sparkline
+from opguard.analysis.tolerant import A_FACTOR, R_FACTOR, Tolerance, parse_tolerance
+from opguard.store import Run, sketch
+from opguard.store.environment import Environment
+from opguard.tools import BY_NAME, ToolError
+
+N = 4096
+U32 = 2.0**-24
+
+
+def fingerprint(values: np.ndarray) -> int:
+    return int.from_bytes(hashlib.blake2b(values.tobytes(), digest_size=8).digest(), "little")
+
+
+def entry(
+    slot: str,
+    values: np.ndarray,
+    producer: int | None = None,
+    *,
+    sketched: bool = True,
+    dtype: str | None = None,
+) -> dict[str, Any]:
+    """A tensor entry holding ``values`` (their fingerprint, and their sketch unless not);
+    ``dtype``: the name stored, where numpy has no such type (bfloat16)."""
+    extra = {"w": stored_sketch(values)} if sketched else {}
+    dtype = dtype or {np.float32: "float32", np.float64: "float64"}[values.dtype.type]
+    return tensor(
+        slot,
+        fingerprint(values),
+        producer,
+        dtype=dtype,
+        shape=values.shape,
+        nbytes=values.nbytes,
+        **extra,
+    )
+
+
+def rounded(values: np.ndarray, rng: np.random.Generator, ulps: float = 1.0) -> np.ndarray:
+    """``values`` as another float32 implementation might round them: each element moved by
+    up to ``ulps`` units in the last place."""
+    noise = rng.uniform(-ulps, ulps, values.shape) * np.spacing(values.astype(np.float32))
+    return (values.astype(np.float64) + noise).astype(np.float32)
+
+
+@dataclass
+class Step:
+    """One op of a synthetic chain: its name, how it computes its output from its input (in
+    float64, then rounded to float32), and what run B does differently."""
+
+    name: str
+    compute: Callable[[np.ndarray], np.ndarray]
+    args: list[list[Any]] = field(default_factory=list)
+    args_b: list[list[Any]] | None = None
+    amplify_b: float = 1.0  # run B's error at this op, multiplied
+
+
+def chain_pair(
+    tmp: Path,
+    steps: Sequence[Step],
+    *,
+    leaf_b: Callable[[np.ndarray], np.ndarray] | None = None,
+    sketched: bool = True,
+    repeat: int = 1,
+) -> tuple[Path, Path]:
+    """Two runs of ``steps`` on one leaf of N floats, ``repeat`` times (a training step each):
+    run B rounds every op's output differently (one ULP) and reads the leaf through
+    ``leaf_b``."""
+    rng = np.random.default_rng(7)
+    leaf = rng.standard_normal(N).astype(np.float32)
+    inputs = {"a": leaf, "b": leaf if leaf_b is None else leaf_b(leaf).astype(np.float32)}
+    paths = (tmp / "a", tmp / "b")
+    builders = {side: TraceBuilder(path) for side, path in zip("ab", paths, strict=True)}
+    for step in range(repeat):
+        producer: int | None = None
+        for op in steps:
+            exact = {side: op.compute(inputs[side].astype(np.float64)) for side in "ab"}
+            out_a = exact["a"].astype(np.float32)
+            clean_b = rounded(exact["b"], rng)
+            error = clean_b.astype(np.float64) - exact["b"]
+            out_b = (exact["b"] + op.amplify_b * error).astype(np.float32)
+            for side, out in (("a", out_a), ("b", out_b)):
+                args = op.args if side == "a" or op.args_b is None else op.args_b
+                builders[side].op(
+                    op.name,
+                    [entry("self", inputs[side], producer, sketched=sketched)],
+                    [entry("0", out, sketched=sketched)],
+                    step=step,
+                    **({"a": args} if args else {}),
+                )
+            producer = builders["a"].index - 1
+            inputs = {"a": out_a, "b": out_b}
+    for builder in builders.values():
+        builder.close()
+    return paths
+
+
+def mlp_steps(**changes: Any) -> list[Step]:
+    """A small network's ops on a vector: scale, gelu, normalise, an SGD-like update."""
+    steps = [
+        Step("aten::mul.Tensor", lambda x: x * 1.7),
+        Step(
+            "aten::gelu.default",
+            lambda x: x * 0.5 * (1 + np.tanh(0.79788456 * (x + 0.044715 * x**3))),
+        ),
+        Step("aten::native_layer_norm.default", lambda x: (x - x.mean()) / np.sqrt(x.var() + 1e-5)),
+        Step("aten::tanh.default", np.tanh),
+        Step("aten::add.Tensor", lambda x: x + 0.9 * x, args=[["alpha", 0.9]]),
+    ]
+    for index, change in changes.items():
+        k = int(index.removeprefix("op"))
+        for key, value in change.items():
+            setattr(steps[k], key, value)
+    return steps
+
+
+AUTO = Tolerance()
+
+
+def diff(paths: tuple[Path, Path], tolerance: Tolerance | None = AUTO) -> Any:
+    with Run(paths[0]) as a, Run(paths[1]) as b:
+        result = diff_runs(a, b, tolerance=tolerance)
+        return result, to_json(result)
+
+
+# -- the distance -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("relative", [1e-7, 1e-4, 0.3])
+def test_the_estimate_holds_the_true_distance_in_its_interval(relative: float) -> None:
+    """Over 200 random pairs of 4,096 elements, the 90% interval holds the true relative L2
+    distance about 90% of the time, and the estimate is within 30% of it for most."""
+    rng = np.random.default_rng(1)
+    inside = close = 0
+    trials = 200
+    for _ in range(trials):
+        a = rng.standard_normal(N)
+        b = a + relative * np.linalg.norm(a) / math.sqrt(N) * rng.standard_normal(N)
+        truth = np.linalg.norm(a - b) / np.linalg.norm(a)
+        d = sketch_distance(*(sketch.decode(stored_sketch(v)) for v in (a, b)))
+        assert d is not None and d.resolved
+        inside += d.low <= truth <= d.high
+        close += abs(d.estimate - truth) <= 0.3 * truth
+    assert 0.8 * trials <= inside <= 0.97 * trials
+    assert close >= 0.75 * trials
+
+
+def test_a_difference_in_one_element_is_measured_exactly() -> None:
+    a = np.random.default_rng(2).standard_normal(N)
+    b = a.copy()
+    b[100] += 0.01
+    d = sketch_distance(*(sketch.decode(stored_sketch(v)) for v in (a, b)))
+    assert d is not None
+    assert d.estimate == pytest.approx(0.01 / np.linalg.norm(a), rel=1e-4)
+
+
+def test_distances_below_the_quantization_read_as_the_floor() -> None:
+    a = np.random.default_rng(3).standard_normal(N)
+    b = a * (1 + 1e-12)
+    d = sketch_distance(*(sketch.decode(stored_sketch(v)) for v in (a, b)))
+    assert d is not None and not d.resolved
+    assert d.estimate == d.floor < 1e-7
+    assert d.text().startswith("≤")
+
+
+# -- the rounding unit --------------------------------------------------------------------
+
+
+def test_tf32_coarsens_float32_matmuls_on_cuda_when_either_run_allowed_it(tmp_path: Path) -> None:
+    with TraceBuilder(tmp_path / "r") as run:
+        x = tensor("self", 1, dtype="float32", device="cuda:0")
+        run.op("aten::mm.default", [x], [tensor("0", 2, device="cuda:0")])
+        run.op("aten::gelu.default", [x], [tensor("0", 3, device="cuda:0")])
+    with Run(tmp_path / "r") as r:
+        mm, gelu = r.rank(0).op(0), r.rank(0).op(1)
+    off, on = (
+        Environment({"cuda_matmul_tf32": False}, True),
+        Environment({"cuda_matmul_tf32": True}, True),
+    )
+    assert op_unit(mm, mm, (off, off)) == U32
+    assert op_unit(mm, mm, (off, on)) == TF32
+    assert op_unit(gelu, gelu, (on, on)) == U32
+
+
+def test_an_op_in_bfloat16_in_one_run_rounds_like_bfloat16(tmp_path: Path) -> None:
+    with TraceBuilder(tmp_path / "r") as run:
+        run.op("aten::mm.default", [tensor("self", 1)], [tensor("0", 2)])
+        run.op(
+            "aten::mm.default",
+            [tensor("self", 1, dtype="bfloat16")],
+            [tensor("0", 3, dtype="bfloat16")],
+        )
+    with Run(tmp_path / "r") as r:
+        fp32, bf16 = r.rank(0).op(0), r.rank(0).op(1)
+    env = Environment({}, False)
+    assert op_unit(fp32, bf16, (env, env)) == 2.0**-8
+
+
+# -- the walk -----------------------------------------------------------------------------
+
+
+def test_a_chain_that_differs_by_float32_rounding_is_within_rounding(tmp_path: Path) -> None:
+    result, out = diff(chain_pair(tmp_path, mlp_steps(), repeat=3))
+    assert result.verdict == "within-rounding" and out["first_divergence"] is None
+    assert out["tolerance"] == {"mode": "auto", "rel": None, "A": A_FACTOR, "R": R_FACTOR}
+    assert [d["step"] for d in out["drift"]] == [0, 1, 2]
+    assert all(0 < d["max_rel_distance"] < 1e-5 for d in out["drift"])
+    assert out["ranks"][0]["rounding"]["explained"] == 15
+    # bit for bit, the same runs diverge at the first op
+    assert diff(chain_pair(tmp_path / "again", mlp_steps()), None)[0].verdict == "diverged"
+
+
+def test_an_op_that_multiplies_its_error_by_1e4_is_the_divergence(tmp_path: Path) -> None:
+    result, out = diff(chain_pair(tmp_path, mlp_steps(op3={"amplify_b": 1e4})))
+    first = out["first_divergence"]
+    assert result.verdict == "diverged"
+    assert first["a"]["op"] == "aten::tanh.default" and first["kind"] == "origin"
+    distance = first["distance"]
+    assert distance["reason"] == "amplified"
+    assert distance["output"] > distance["budget"]
+    assert distance["amplification"] > 100
+    assert distance["interval"][0] <= distance["output"] <= distance["interval"][1]
+
+
+def test_a_changed_momentum_is_an_argument_change(tmp_path: Path) -> None:
+    steps = mlp_steps(op4={"args_b": [["alpha", 0.8]]})
+    out = diff(chain_pair(tmp_path, steps))[1]
+    first = out["first_divergence"]
+    assert (first["kind"], first["cause"]) == ("argument", "argument")
+    assert first["a"]["op"] == "aten::add.Tensor"
+    assert "alpha" in first["summary"]
+
+
+def test_an_argument_that_differs_by_rounding_is_not_a_divergence(tmp_path: Path) -> None:
+    steps = mlp_steps(op4={"args_b": [["alpha", float(np.float32(0.9)) * (1 + 3e-8)]]})
+    assert diff(chain_pair(tmp_path, steps))[0].verdict == "within-rounding"
+
+
+def test_a_leaf_beyond_rounding_is_named(tmp_path: Path) -> None:
+    out = diff(chain_pair(tmp_path, mlp_steps(), leaf_b=lambda x: x * (1 + 1e-3)))[1]
+    first = out["first_divergence"]
+    assert (first["kind"], first["cause"]) == ("propagated", "leaf")
+    assert first["a"]["index"] == 0 and first["distance"]["slot"] == "self"
+    assert first["distance"]["tensor"]["estimate"] == pytest.approx(1e-3, rel=0.5)
+
+
+def test_a_leaf_within_rounding_is_not(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    paths = chain_pair(tmp_path, mlp_steps(), leaf_b=lambda x: rounded(x, rng))
+    assert diff(paths)[0].verdict == "within-rounding"
+
+
+def bfloat16(values: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bfloat16 (to nearest even), held as float32."""
+    bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded_bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return rounded_bits.astype(np.uint32).view(np.float32)
+
+
+def autocast_pair(tmp: Path, cast_b: Callable[[np.ndarray], np.ndarray]) -> tuple[Path, Path]:
+    """Run A: a matmul-like op on a float32 leaf; run B: the leaf first cast by an op of run B
+    only (``cast_b`` computes it, stored as bfloat16), the op then reading the cast."""
+    x = np.random.default_rng(4).standard_normal(N).astype(np.float32)
+    with TraceBuilder(tmp / "a") as run:
+        run.op("aten::mm.default", [entry("self", x)], [entry("0", x * 3)])
+    with TraceBuilder(tmp / "b") as run:
+        cast = cast_b(x)
+        run.op("aten::_to_copy.default", [entry("self", x)], [entry("0", cast, dtype="bfloat16")])
+        y = bfloat16(cast * 3)
+        run.op(
+            "aten::mm.default",
+            [entry("self", cast, 0, dtype="bfloat16")],
+            [entry("0", y, dtype="bfloat16")],
+        )
+    return tmp / "a", tmp / "b"
+
+
+def test_a_cast_in_one_run_only_is_within_bfloat16_rounding(tmp_path: Path) -> None:
+    result, out = diff(autocast_pair(tmp_path, bfloat16))
+    assert result.verdict == "within-rounding", out["first_divergence"]
+    assert out["unaligned_b"] == 1
+
+
+def test_a_change_made_by_an_op_of_one_run_only_names_that_op(tmp_path: Path) -> None:
+    out = diff(autocast_pair(tmp_path, lambda x: bfloat16(x * 1.5)))[1]
+    first = out["first_divergence"]
+    assert (first["kind"], first["cause"]) == ("structure", "inserted")
+    assert first["b"]["op"] == "aten::_to_copy.default" and first["a"] is None
+    assert first["distance"]["reason"] == "structure" and first["distance"]["slot"] == "self"
+
+
+def test_a_fixed_bound_judges_every_distance_against_it(tmp_path: Path) -> None:
+    paths = chain_pair(tmp_path, mlp_steps(op3={"amplify_b": 1e4}))
+    assert diff(paths, Tolerance(rel=0.1))[0].verdict == "within-rounding"
+    out = diff(paths, Tolerance(rel=1e-6))[1]
+    assert out["first_divergence"]["a"]["op"] == "aten::tanh.default"
+    assert out["tolerance"]["mode"] == "fixed"
+
+
+def test_without_sketches_the_distance_is_unknown_and_the_bitwise_answer_given(
+    tmp_path: Path,
+) -> None:
+    result, out = diff(chain_pair(tmp_path, mlp_steps(), sketched=False))
+    first = out["first_divergence"]
+    assert result.verdict == "diverged"
+    assert first["distance"]["reason"] == "unknown"
+    assert "distance unknown" in first["summary"] and "no sketch" in first["summary"]
+    assert first["a"]["index"] == 0  # where bit for bit the runs first differ
+
+
+def test_identical_runs_are_identical_under_tolerant(tmp_path: Path) -> None:
+    paths = chain_pair(tmp_path, [Step("aten::mul.Tensor", lambda x: x)])
+    b = paths[1]
+    result, out = diff((paths[0], paths[0]))
+    assert result.verdict == "identical" and b.exists()
+    assert out["drift"] == [{"step": 0, "max_rel_distance": 0.0}]
+
+
+def test_sparkline_marks_the_divergence_step() -> None:
+    line = sparkline([(0, 1e-7), (1, 1e-6), (2, 0.0), (3, 1e-2)], marked=3)
+    assert line == "▁▂·[█]"
+
+
+# -- the CLI ------------------------------------------------------------------------------
+
+
+def test_cli_within_rounding_exits_0_and_says_so(tmp_path: Path) -> None:
+    a, b = chain_pair(tmp_path, mlp_steps(), repeat=2)
+    code, out, err = cli_in_process("diff", str(a), str(b), "--tolerant")
+    assert code == 0, err
+    assert out.startswith("WITHIN-ROUNDING")
+    assert "drift" in out
+
+
+def test_cli_diverged_reports_the_distances(tmp_path: Path) -> None:
+    a, b = chain_pair(tmp_path, mlp_steps(op3={"amplify_b": 1e4}))
+    code, out, err = cli_in_process("diff", str(a), str(b), "--tolerant")
+    assert code == 1, err
+    assert "amplification" in out and "aten::tanh.default" in out
+    code, out, _ = cli_in_process("diff", str(a), str(b), "--tolerant=1e-6", "--json")
+    answer = json.loads(out)
+    assert code == 1 and answer["verdict"] == "diverged" and answer["tolerance"]["rel"] == 1e-6
+    code, out, _ = cli_in_process("diff", str(a), str(b), "--tolerant", "--json", "--brief")
+    assert code == 1 and json.loads(out)["first_divergence"]["distance"]["reason"] == "amplified"
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "x", ""])
+def test_bad_tolerant_values_are_refused(tmp_path: Path, value: str) -> None:
+    a, b = chain_pair(tmp_path, [Step("aten::mul.Tensor", lambda x: x)])
+    code, _, err = cli_in_process("diff", str(a), str(b), f"--tolerant={value}")
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and "--tolerant" in err
+    with pytest.raises(ValueError):
+        parse_tolerance(value)
+
+
+# -- the tools and the agent's evidence ---------------------------------------------------
+
+
+def test_the_diff_tool_takes_tolerant(tmp_path: Path) -> None:
+    a, b = chain_pair(tmp_path, mlp_steps(), repeat=2)
+    diff_tool = BY_NAME["diff"]
+    answer = diff_tool.call({"run_a": str(a), "run_b": str(b), "tolerant": "auto"})
+    assert answer["verdict"] == "within-rounding" and answer["tolerance"]["mode"] == "auto"
+    assert diff_tool.call({"run_a": str(a), "run_b": str(b)})["verdict"] == "diverged"
+    with pytest.raises(ToolError, match="--tolerant"):
+        diff_tool.call({"run_a": str(a), "run_b": str(b), "tolerant": "0"})
+
+
+def test_the_evidence_carries_the_distances_and_the_reading(tmp_path: Path) -> None:
+    a, b = chain_pair(tmp_path, mlp_steps(op3={"amplify_b": 1e4}))
+    answer = BY_NAME["explain"].call({"run_a": str(a), "run_b": str(b), "tolerant": "auto"})
+    text = answer["evidence_text"]
+    assert "not rounding (amplified)" in text and "amplification" in text
+    reading = text.split("## reading (rules)")[1]
+    assert reading.startswith("\n- not rounding") and "equal inputs" not in reading
