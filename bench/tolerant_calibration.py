@@ -270,7 +270,7 @@ def summary(ops: list[OpDistance]) -> dict[str, Any]:
         "equal_inputs": len(origin),
         "d_out_over_u_quantiles": quantiles(origin),
         "d_out_over_d_in_quantiles": quantiles(propagated),
-        "r_needed": {str(a): r_needed(ops, a) for a in AMPLIFICATIONS},
+        "r_needed": {a: r_needed(ops, a) for a in AMPLIFICATIONS},
     }
 
 

@@ -13,22 +13,24 @@ what two such traces hold:
 - **partial values**: an output that a collective only its own run has reads (an all-reduce) is
   not its logical value (a partial sum has the logical shape and would look like a large
   change); the collective's output stands for it;
-- **layout-only ops**: collectives only one run has, views, ops that record no output, and ops
-  whose outputs only feed partial values (a replicated bias divided by the degree before a
-  row-wise matmul) change no logical value;
+- **layout-only ops**: collectives only one run has, reshaping views, ops that record no
+  output, and ops whose outputs only feed partial values (a replicated bias divided by the
+  degree before a row-wise matmul) change no logical value; a view of a part of its input
+  only one run has (a shard's slice) is a *selection*: which part it takes is not checked;
 - a pair whose output is a shard of the other's cannot be compared by value until the recorder
   writes the shard's offset: it is reported as such, never guessed.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ..store import RankTrace
+from ..store import OpRecord, RankTrace
 from .align import AlignReader, align_step, pairs_of, records_of
 from .keys import KeyTable, OpColumns
 from .roles import is_collective
@@ -79,7 +81,8 @@ class PairKind(StrEnum):
 
 class OnlyKind(StrEnum):
     COLLECTIVE = "collective"  # a collective only this run has: layout, no value change
-    NO_VALUE = "no value"  # a view, or an op that records no output
+    NO_VALUE = "no value"  # a view of the whole input (a reshape), or an op recording no output
+    SELECTION = "selection"  # a view of a part of its input: which part is not checked
     LAYOUT_INPUT = "layout input"  # its outputs feed only partial values, layout-only or unread ops
     UNREAD = "unread"  # nothing in the step reads its outputs
     STRUCTURE = "structure"  # an op only this run has whose outputs reach aligned ops
@@ -224,7 +227,7 @@ class _Side:
             if is_collective(op):
                 kinds[index] = OnlyKind.COLLECTIVE
             elif all(out.is_view or out.is_uninitialized for out in op.outputs):
-                kinds[index] = OnlyKind.NO_VALUE
+                kinds[index] = OnlyKind.SELECTION if _selects(op) else OnlyKind.NO_VALUE
             elif not readers:
                 kinds[index] = OnlyKind.UNREAD
             elif all(r in partial or kinds.get(r) in _NO_EFFECT for r in readers):
@@ -235,6 +238,14 @@ class _Side:
 
     def output(self, tensor: Tensor) -> Any:
         return self.ops[tensor[0]].outputs[tensor[1]]
+
+
+def _selects(op: OpRecord) -> bool:
+    """Whether a view op returns a part of its input (a slice, a shard's chunk): its offset,
+    an argument, decides which values the readers see (a shard loaded from the wrong offset
+    enters a run through one)."""
+    numel = [math.prod(entry.shape) for entry in op.inputs]
+    return any(math.prod(out.shape) < max(numel, default=0) for out in op.outputs)
 
 
 def _pair(sides: tuple[_Side, _Side], a: int, b: int, degree: int) -> PairLayout:
