@@ -15,6 +15,10 @@ shard's logical value is the TP ranks' shards concatenated in rank order (DTenso
 value's (the bias DTensor halves before the row-wise matmul) their sum.
 
     python bench/tolerant_calibration.py [--root DIR] [--pairs fp32:bf16,tp1:tp2] [--json FILE]
+                                         [--rule A,R]
+
+``--rule A,R`` lists, per pair, the ops a proposed rule leaves unexplained (rounding pairs: none
+should be; real changes: the changed op first).
 
 The runs are the CPU scenarios of ``tests/tolerant_runs.py``, recorded into ``--root`` (kept and
 reused when present; a temporary directory otherwise) with every op captured.
@@ -67,6 +71,7 @@ PAIRS: dict[str, tuple[str, str, str]] = {
 UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 AMPLIFICATIONS = (1.0, 2.0, 4.0, 8.0, 16.0)
 QUANTILES = (0.5, 0.9, 0.99, 1.0)
+RULE_SHOWN = 5
 CAPTURE_ALL = ("--capture", "0-99999999", "--capture-limit", "4GiB")
 
 
@@ -271,6 +276,10 @@ def summary(ops: list[OpDistance]) -> dict[str, Any]:
         "d_out_over_u_quantiles": quantiles(origin),
         "d_out_over_d_in_quantiles": quantiles(propagated),
         "r_needed": {a: r_needed(ops, a) for a in AMPLIFICATIONS},
+        "largest_d_out_over_d_in_by_phase": {
+            phase: max(o.d_out / o.d_in for o in ops if o.d_in > 0.0 and o.phase == phase)
+            for phase in sorted({o.phase for o in ops if o.d_in > 0.0})
+        },
     }
 
 
@@ -290,6 +299,9 @@ def main() -> None:
     parser.add_argument("--root", type=Path, help="where the runs are recorded (kept, reused)")
     parser.add_argument("--pairs", default=",".join(PAIRS), help="comma-separated A:B names")
     parser.add_argument("--json", type=Path, help="also write every op's distances here")
+    parser.add_argument(
+        "--rule", help="A,R: also list the ops each pair leaves unexplained under this rule"
+    )
     args = parser.parse_args()
     chosen = [name.strip() for name in args.pairs.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in PAIRS]
@@ -304,6 +316,15 @@ def main() -> None:
             record_runs(root, missing, CAPTURE_ALL, timeout=900)
         results = {name: measure(root / PAIRS[name][0], root / PAIRS[name][1]) for name in chosen}
     report(results)
+    if args.rule:
+        amplification, r = (float(x) for x in args.rule.split(","))
+        for name, ops in results.items():
+            left = [o for o in ops if o.d_out > amplification * o.d_in + r * o.u]
+            print(
+                f"\n{name} ({PAIRS[name][2]}) at A={amplification:g}, R={r:g}: {len(left)} unexplained"
+            )
+            for o in left[:RULE_SHOWN]:
+                print(f"  {_describe(o)}")
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -325,23 +346,29 @@ def report(results: dict[str, list[OpDistance]]) -> None:
     print(f"quantiles {' '.join(f'{q:>9}' for q in QUANTILES)}")
     for name, ops in results.items():
         s = summary(ops)
-        print(f"\n{name} ({PAIRS[name][2]}): {s['ops_differing']} aligned ops differ, ")
-        print(f"  {s['equal_inputs']} of them from equal inputs")
+        print(
+            f"\n{name} ({PAIRS[name][2]}): {s['ops_differing']} aligned ops differ, "
+            f"{s['equal_inputs']} of them from equal inputs"
+        )
         print(f"  d_out/u    (equal inputs)  {_fmt(s['d_out_over_u_quantiles'])}")
         print(f"  d_out/d_in (inputs differ) {_fmt(s['d_out_over_d_in_quantiles'])}")
         needed = "  ".join(f"A={a:g}: {r:.3g}" for a, r in s["r_needed"].items())
         print(f"  R needed   {needed}")
+        by_phase = s["largest_d_out_over_d_in_by_phase"].items()
+        print("  largest d_out/d_in: " + ", ".join(f"{p} {v:.3g}" for p, v in by_phase))
         if PAIRS[name][2] == REAL and rounding:
             for amplification in AMPLIFICATIONS:
                 r = r_needed(rounding, amplification)
                 o = first_unexplained(ops, amplification, r)
-                where = (
-                    "none"
-                    if o is None
-                    else f"step {o.step} #{o.a} {o.op} at {o.site} ({o.phase}): "
-                    f"d_out {o.d_out:.3g}, d_in {o.d_in:.3g}, d_out/u {o.d_out / o.u:.3g}"
-                )
+                where = "none" if o is None else _describe(o)
                 print(f"  first unexplained at A={amplification:g}, R={r:.3g}: {where}")
+
+
+def _describe(o: OpDistance) -> str:
+    return (
+        f"step {o.step} #{o.a} {o.op} at {o.site} ({o.phase}): "
+        f"d_out {o.d_out:.3g}, d_in {o.d_in:.3g}, d_out/u {o.d_out / o.u:.3g}"
+    )
 
 
 if __name__ == "__main__":
