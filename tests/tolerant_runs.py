@@ -6,7 +6,7 @@ tp1 / tp2, and on the CPU the GPU script's gpt / gpt_fused (AdamW) and gpt / gpt
 gpt_flash / gpt_scale, and mlp / mlp_momentum (the cross-version script, momentum changed at
 step 1).
 
-Test code, not shipped: tests import it, and benchmarks (``bench/tolerant_calibration.py``) put
+Test code, not shipped: tests import it, and benchmarks (``bench/tolerant_pairs.py``) put
 ``tests/`` on ``sys.path``.
 """
 

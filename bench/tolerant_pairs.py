@@ -1,4 +1,5 @@
-"""The evidence for the constants of ``opguard diff --tolerant`` (issue 30): in pairs of runs that
+"""Evidence for the constants of ``opguard diff --tolerant`` (issue 30) from recorded pairs (beside
+bench/tolerant_calibration.py's float32-against-float64 MLP): in pairs of runs that
 differ by rounding alone, and in pairs with a real change behind the rounding, each aligned op
 whose outputs differ, with its output's and its inputs' relative L2 distances ``d = ||a-b||/||a||``
 (``a``: run A's value) and the unit roundoff ``u`` of its outputs' dtypes. The rule under
@@ -14,8 +15,8 @@ shard's logical value is the TP ranks' shards concatenated in rank order (DTenso
 ``Shard`` placement, which this script's author knows and the trace does not record), a partial
 value's (the bias DTensor halves before the row-wise matmul) their sum.
 
-    python bench/tolerant_calibration.py [--root DIR] [--pairs fp32:bf16,tp1:tp2] [--json FILE]
-                                         [--rule A,R]
+    python bench/tolerant_pairs.py [--root DIR] [--pairs fp32:bf16,tp1:tp2] [--json FILE]
+                                   [--rule A,R]
 
 ``--rule A,R`` lists, per pair, the ops a proposed rule leaves unexplained (rounding pairs: none
 should be; real changes: the changed op first).
