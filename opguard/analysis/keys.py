@@ -236,13 +236,18 @@ class LightReader:
         name = self._names.get(raw["o"], "?")
         phase = raw.get("p", 3)
         site = self._sites.get(raw.get("c", -1), ("?", "?", 0))
-        signature = tuple((x.get("d"), tuple(x.get("s", ()))) for x in raw.get("x", ()))
+        signature = self.signature(raw.get("x", ()))
         table = self._table
         return (
             table((name, phase, site, signature)),
             table((name, phase, signature)),
             table((name, phase)),
         )
+
+    def signature(self, inputs: Any) -> tuple:
+        """The inputs' part of the keys: dtype and shape of each (a layout-aware reader,
+        :mod:`.layouts`, keys shapes by their rank alone)."""
+        return tuple((x.get("d"), tuple(x.get("s", ()))) for x in inputs)
 
     def light(self, raw: dict[str, Any]) -> LightOp:
         keys = self.keys(raw)
