@@ -9,6 +9,8 @@ outputs differ is the first divergence only if the difference reaches something:
 * a later op that reads a differing output (directly or through views) produces a different
   output, and the difference is its only differing input (else another difference reached it
   too, and that one is found in its own turn);
+* or an op that only one run has reads it (a cast only one run makes): what that op made is
+  not compared with anything, so nothing says the difference stopped there;
 * or the output is state that outlives the op: a tensor written in place (a parameter, a
   buffer, a gradient, an optimizer state), a value handed to Python (``.item()``), or a tensor
   no op of the step reads for its content (the step's loss, a value kept for later).
@@ -195,6 +197,10 @@ class Reach:
             index_b.extend(pb + look)
             tainted_a, read_a = index_a.reach(((a.index, k) for k in slots), pa)
             tainted_b, read_b = index_b.reach(((b.index, k) for k in slots), pb)
+            if any(r not in self._a_to_b for r in read_a) or any(
+                s not in self._b_to_a for s in read_b
+            ):
+                return None  # an op of one run only read it: what it made is not compared here
             pairs = sorted(
                 {(r, self._a_to_b[r]) for r in read_a if r in self._a_to_b}
                 | {(self._b_to_a[s], s) for s in read_b if s in self._b_to_a}

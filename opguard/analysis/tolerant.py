@@ -32,7 +32,7 @@ difference), and each judgement is a few sketch distances; the walk stays linear
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from numbers import Real
@@ -213,9 +213,6 @@ class Judge:
         self.environments = (traces[0].environment, traces[1].environment)
         self.found = RankTolerance()
         self._first_step: int | None = None
-        # Each judged op's output distance by (side, op index), for the ops of one run only
-        # that read them: the steps of DRIFT_AROUND kept (older producers count 0).
-        self._written: dict[int, dict[tuple[int, int], float]] = {}
 
     def measuring(self, step: int) -> bool:
         """Whether pairs of ``step`` are still judged: before the first divergence, and for
@@ -293,7 +290,7 @@ class Judge:
             if not _floating(ta, tb):
                 discrete.append(d.slot)
                 continue
-            distance = tensor_distance(ta, tb)
+            distance = tensor_distance(ta, tb) or self._through_views(ta, tb)
             if distance is None:
                 return EQUAL, _unknown(d.slot, "input", _why_unknown(ta, tb), unit), ()
             source = self._source(ta, tb)
@@ -304,6 +301,38 @@ class Judge:
             if d_in.exact or distance.estimate > d_in.estimate:
                 d_in = distance
         return d_in, None, tuple(discrete)
+
+    def _through_views(self, ta: TensorRecord, tb: TensorRecord) -> Distance | None:
+        """Two views' distance as their bases'. A view's fingerprint is derived from its
+        base's without reading it, so it has a sketch only where it is its base in the base's
+        order; a transposed or permuted view holds all of the base's values (the same distance,
+        exactly), a slice a part of them (the base's distance is then an estimate: a
+        difference spread like rounding is spread alike over the part)."""
+        if not (ta.is_view and tb.is_view):
+            return None
+        base_a, base_b = self._base(Side.A, ta), self._base(Side.B, tb)
+        if base_a is None or base_b is None:
+            return None
+        return tensor_distance(base_a, base_b)
+
+    def _base(self, side: Side, view: TensorRecord) -> TensorRecord | None:
+        """The nearest entry with a sketch that ``view`` was made from: the tensor its
+        producer wrote, or, where that is a view too, the view op's input."""
+        entry = view
+        for _ in range(MAX_VIEW_CHAIN):
+            if entry.sketch is not None:
+                return entry
+            if entry.producer is None:
+                return None
+            op = self.traces[side.value].op(entry.producer[0])
+            slot = entry.producer[1]
+            written = op.outputs[slot] if 0 <= slot < len(op.outputs) else None
+            if written is not None and written.sketch is not None:
+                return written
+            if not op.inputs:
+                return None
+            entry = op.inputs[0]
+        return None
 
     def _source(self, ta: TensorRecord, tb: TensorRecord) -> Reason | None:
         """LEAF or STRUCTURE for an input rounding must explain by itself; None for one an
@@ -334,7 +363,8 @@ class Judge:
             limit = self.tolerance.limit(0.0, own)
             what = f"input '{slot}', which no recorded op produced"
         else:
-            region = self._region((ta.producer, tb.producer))
+            region, region_unit = self._region((ta.producer, tb.producer))
+            unit = max((u for u in (unit, region_unit) if u is not None), default=None)
             limit = self.tolerance.limit(region, unit)
             what = f"input '{slot}', written by ops of one run only"
         if distance.estimate <= limit:
@@ -352,43 +382,48 @@ class Judge:
             producers=(ta.producer, tb.producer),
         )
 
-    def _region(self, producers: tuple[tuple[int, int] | None, tuple[int, int] | None]) -> float:
-        """The largest distance of the aligned tensors that the ops of one run only which
-        wrote an input read (their own inputs, back through other such ops)."""
-        largest = 0.0
+    def _region(
+        self, producers: tuple[tuple[int, int] | None, tuple[int, int] | None]
+    ) -> tuple[float, float | None]:
+        """Of the ops of one run only that wrote an input (followed back through other such
+        ops): the largest distance of the aligned ops' outputs they read, and the coarsest
+        unit roundoff of their own tensors (a cast to bfloat16 only one run has rounds at
+        bfloat16)."""
+        largest, unit = 0.0, None
         for side, produced in zip(Side, producers, strict=True):
             if produced is None:
                 continue
-            for index in self._region_reads(side, produced[0]):
-                largest = max(largest, self._written_by(side, index))
-        return largest
-
-    def _region_reads(self, side: Side, start: int) -> Iterator[int]:
-        """The aligned ops whose outputs the ops of one run only from op ``start`` back read
-        (``start`` itself where it is aligned; at most MAX_REGION ops visited)."""
-        partner = self.alignment.b_of if side is Side.A else self.alignment.a_of
-        if partner(start) is not None:
-            yield start
-            return
-        pending, seen = [start], {start}
-        while pending and len(seen) <= MAX_REGION:
-            op = self.traces[side.value].op(pending.pop())
-            for t in op.inputs:
-                if t.producer is None:
+            partner = self.alignment.b_of if side is Side.A else self.alignment.a_of
+            trace = self.traces[side.value]
+            pending, seen = [produced[0]], {produced[0]}
+            while pending and len(seen) <= MAX_REGION:
+                index = pending.pop()
+                other = partner(index)
+                if other is not None:
+                    largest = max(largest, self._aligned_distance(side, index, other))
                     continue
-                index = t.producer[0]
-                if partner(index) is not None:
-                    yield index
-                elif index not in seen:
-                    seen.add(index)
-                    pending.append(index)
+                op = trace.op(index)
+                for t in (*op.inputs, *op.outputs):
+                    own = dtype_unit(t.dtype)
+                    if own is not None and (unit is None or own > unit):
+                        unit = own
+                for t in op.inputs:
+                    if t.producer is not None and t.producer[0] not in seen:
+                        seen.add(t.producer[0])
+                        pending.append(t.producer[0])
+        return largest, unit
 
-    def _written_by(self, side: Side, index: int) -> float:
-        for written in self._written.values():
-            found = written.get((side.value, index))
-            if found is not None:
-                return found
-        return 0.0  # outputs equal (never judged), or judged too long ago
+    def _aligned_distance(self, side: Side, index: int, other: int) -> float:
+        """The largest distance between the outputs of an aligned pair (0 where unknown: the
+        region's bound is then only what the region's own rounding explains)."""
+        mine, theirs = self.traces[side.value].op(index), self.traces[1 - side.value].op(other)
+        ops = (mine, theirs) if side is Side.A else (theirs, mine)
+        largest = 0.0
+        for ta, tb in zip(ops[0].outputs, ops[1].outputs, strict=False):
+            distance = tensor_distance(ta, tb) or self._through_views(ta, tb)
+            if distance is not None:
+                largest = max(largest, distance.estimate)
+        return largest
 
     def _outputs(
         self,
@@ -421,7 +456,7 @@ class Judge:
             flips += 1
         budget = self.tolerance.limit(0.0 if d_in.exact else d_in.estimate, unit)
         if d_out is not None:
-            self._note(op_a, op_b, d_out.estimate)
+            self._note(op_a, d_out.estimate)
             if d_out.estimate > budget:
                 return Judgement(
                     Reason.AMPLIFIED,
@@ -436,17 +471,13 @@ class Judge:
         self.found.flips += flips
         return None
 
-    def _note(self, op_a: OpRecord, op_b: OpRecord, distance: float) -> None:
-        step = op_a.step
+    def _note(self, op_a: OpRecord, distance: float) -> None:
         drift = self.found.drift
-        drift[step] = max(drift.get(step, 0.0), distance)
-        written = self._written.setdefault(step, {})
-        written[(Side.A.value, op_a.index)] = written[(Side.B.value, op_b.index)] = distance
-        for old in [s for s in self._written if s < step - DRIFT_AROUND]:
-            del self._written[old]
+        drift[op_a.step] = max(drift.get(op_a.step, 0.0), distance)
 
 
 MAX_REGION = 64  # ops of one run only followed back from an input they wrote
+MAX_VIEW_CHAIN = 16  # views of views followed back to a base with a sketch
 
 
 def _amplified_text(d_out: Distance, d_in: Distance, budget: float, tolerance: Tolerance) -> str:
