@@ -82,6 +82,10 @@ class Tolerance:
             return self.rel
         return self.amplification * d_in + self.roundings * (unit or 0.0)
 
+    def argument(self) -> str:
+        """``--tolerant``'s value that parses back to this tolerance."""
+        return Mode.AUTO if self.rel is None else repr(self.rel)
+
     def text(self) -> str:
         if self.rel is not None:
             return f"relative distance ≤ {self.rel:g}"
@@ -213,6 +217,10 @@ class Judge:
         self.environments = (traces[0].environment, traces[1].environment)
         self.found = RankTolerance()
         self._first_step: int | None = None
+        # Aligned pairs whose tensors have other shapes: not one op in both runs (the
+        # alignment paired two ops of one name, as a fused optimizer's one add with a foreach
+        # optimizer's other), judged as ops of one run only (indices in A, in B).
+        self._unpaired: set[tuple[int, int]] = set()
 
     def measuring(self, step: int) -> bool:
         """Whether pairs of ``step`` are still judged: before the first divergence, and for
@@ -221,6 +229,9 @@ class Judge:
 
     def judge(self, op_a: OpRecord, op_b: OpRecord) -> Judgement | None:
         """None when rounding explains the difference of aligned ops ``op_a``/``op_b``."""
+        if not _same_shapes(op_a, op_b):
+            self._unpaired.add((op_a.index, op_b.index))
+            return None
         unit = op_unit(op_a, op_b, self.environments)
         judged = self._arguments(op_a, op_b, unit)
         if judged is None:
@@ -341,7 +352,12 @@ class Judge:
         align = self.alignment
         if pa is None and pb is None:
             return Reason.LEAF
-        if pa is not None and pb is not None and align.b_of(pa[0]) == pb[0]:
+        if (
+            pa is not None
+            and pb is not None
+            and align.b_of(pa[0]) == pb[0]
+            and (pa[0], pb[0]) not in self._unpaired
+        ):
             return None
         if (pa is None or not align.compared(pa[0], 0)) and (
             pb is None or not align.compared(pb[0], 1)
@@ -399,6 +415,9 @@ class Judge:
             while pending and len(seen) <= MAX_REGION:
                 index = pending.pop()
                 other = partner(index)
+                pair = (index, other) if side is Side.A else (other, index)
+                if pair in self._unpaired:
+                    other = None
                 if other is not None:
                     largest = max(largest, self._aligned_distance(side, index, other))
                     continue
@@ -493,6 +512,14 @@ def _amplified_text(d_out: Distance, d_in: Distance, budget: float, tolerance: T
     return (
         f"outputs differ by {d_out.text()} relative, {source}; rounding explains up to {budget:.2g}"
     )
+
+
+def _same_shapes(op_a: OpRecord, op_b: OpRecord) -> bool:
+    """Whether two aligned ops read and write tensors of the same shapes, in order (their
+    dtypes may differ: one op computed at two precisions)."""
+    return [t.shape for t in op_a.inputs] == [t.shape for t in op_b.inputs] and [
+        t.shape for t in op_a.outputs
+    ] == [t.shape for t in op_b.outputs]
 
 
 def _floating(ta: TensorRecord, tb: TensorRecord) -> bool:

@@ -20,11 +20,14 @@ from typing import IO, Any
 
 from ..analysis import diff_runs
 from ..analysis.rows import Side
+from ..analysis.tolerant import Tolerance, parse_tolerance
 from ..store import Run
 from .series import loss_series
 
 
-def compare(path_a: str, path_b: str, rank: int, out: IO[bytes]) -> None:
+def compare(
+    path_a: str, path_b: str, rank: int, out: IO[bytes], tolerance: Tolerance | None = None
+) -> None:
     """The child's work: never raises, every outcome is a result on ``out``."""
 
     def send(kind: str, payload: Any) -> None:
@@ -33,7 +36,7 @@ def compare(path_a: str, path_b: str, rank: int, out: IO[bytes]) -> None:
 
     try:
         with Run(path_a) as run_a, Run(path_b) as run_b:
-            send("diff", diff_runs(run_a, run_b, rank=rank).ranks[0])
+            send("diff", diff_runs(run_a, run_b, rank=rank, tolerance=tolerance).ranks[0])
             runs = {Side.A: run_a, Side.B: run_b}
             send("loss", {side: loss_series(run.rank(rank)) for side, run in runs.items()})
     except Exception as exc:
@@ -43,7 +46,10 @@ def compare(path_a: str, path_b: str, rank: int, out: IO[bytes]) -> None:
 class Comparison:
     """One rank's comparison, running in a child process from construction on."""
 
-    def __init__(self, path_a: Path, path_b: Path, rank: int) -> None:
+    def __init__(
+        self, path_a: Path, path_b: Path, rank: int, tolerance: Tolerance | None = None
+    ) -> None:
+        tolerant = [] if tolerance is None else [tolerance.argument()]
         self._process = subprocess.Popen(
             [
                 sys.executable,
@@ -52,6 +58,7 @@ class Comparison:
                 str(path_a.resolve()),
                 str(path_b.resolve()),
                 str(rank),
+                *tolerant,
             ],
             # `python -m` puts the working directory first on sys.path: a source checkout there
             # must not shadow the installed package.
@@ -85,4 +92,5 @@ class Comparison:
 
 
 if __name__ == "__main__":
-    compare(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.stdout.buffer)
+    tolerance = parse_tolerance(sys.argv[4]) if len(sys.argv) > 4 else None
+    compare(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.stdout.buffer, tolerance)

@@ -9,6 +9,7 @@ from pathlib import Path
 from ..analysis import RankDiff
 from ..analysis.diff import by_steps_only
 from ..analysis.rows import RankRows, Side
+from ..analysis.tolerant import Tolerance
 from ..store import RankTrace, Run, TraceError
 
 # Below this share of aligned ops the runs are probably not two versions of one program.
@@ -32,21 +33,30 @@ class RunState:
 class Session:
     """Two opened runs, the ranks both recorded, and one row model per rank."""
 
-    def __init__(self, run_a: Run, run_b: Run, labels: tuple[str, str]) -> None:
+    def __init__(
+        self,
+        run_a: Run,
+        run_b: Run,
+        labels: tuple[str, str],
+        tolerance: Tolerance | None = None,
+    ) -> None:
         self.runs = (run_a, run_b)
         self.labels = labels
+        self.tolerance = tolerance  # --tolerant: differences judged against rounding
         self.ranks = sorted(set(run_a.ranks) & set(run_b.ranks))
         self._rows: dict[int, RankRows] = {}
 
     @classmethod
-    def open(cls, path_a: str | Path, path_b: str | Path) -> Session:
+    def open(
+        cls, path_a: str | Path, path_b: str | Path, tolerance: Tolerance | None = None
+    ) -> Session:
         """Opens both runs and the first rank they share; raises :class:`TraceError` with a
         one-line reason when that is impossible."""
         runs: list[Run] = []
         try:
             for path in (path_a, path_b):
                 runs.append(Run(path))
-            session = cls(runs[0], runs[1], (str(path_a), str(path_b)))
+            session = cls(runs[0], runs[1], (str(path_a), str(path_b)), tolerance)
             if not session.ranks:
                 raise TraceError(
                     f"no rank recorded in both runs (A: {runs[0].ranks or 'none'}, "

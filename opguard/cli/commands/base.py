@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ...analysis.tolerant import Tolerance
 
 
 class CommandError(Exception):
@@ -31,6 +34,19 @@ def add_tolerant(parser: argparse.ArgumentParser) -> None:
         "first difference rounding does not explain (auto), or larger than relative distance "
         "REL (--tolerant=1e-3)",
     )
+
+
+def tolerance_of(args: argparse.Namespace) -> Tolerance | None:
+    """The tolerance ``--tolerant`` asked for (None without it); a bad value is a
+    :class:`CommandError`."""
+    if args.tolerant is None:
+        return None
+    from ...analysis.tolerant import parse_tolerance
+
+    try:
+        return parse_tolerance(args.tolerant)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def directory_name(text: str) -> str:

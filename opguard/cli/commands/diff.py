@@ -7,9 +7,8 @@ import argparse
 
 from ...analysis import diff_runs
 from ...analysis.contract import to_json
-from ...analysis.tolerant import parse_tolerance
 from ...store import Run
-from .base import CommandError, add_tolerant, call_tool, print_json
+from .base import CommandError, add_tolerant, call_tool, print_json, tolerance_of
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,12 +40,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--offset and --limit page the per-step lists of --json: add --json")
     if args.brief and not args.json:
         raise CommandError("--brief shortens the JSON object: add --json")
-    tolerance = None
-    if args.tolerant is not None:
-        try:
-            tolerance = parse_tolerance(args.tolerant)
-        except ValueError as exc:
-            raise CommandError(str(exc)) from None
+    tolerance = tolerance_of(args)
     if paged or args.brief:
         # Bounded in size, a page of the per-step lists: the diff tool's answer.
         keys = ("run_a", "run_b", "rank", "step", "tolerant", "brief", "offset", "limit")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from .base import add_tolerant, tolerance_of
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -18,13 +20,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("run_a", metavar="RUN_A")
     p.add_argument("run_b", metavar="RUN_B")
+    add_tolerant(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ...tui.session import Session
 
-    session = Session.open(args.run_a, args.run_b)
+    session = Session.open(args.run_a, args.run_b, tolerance_of(args))
     try:
         from ...agent.panel import AgentChat
         from ...tui.app import OpguardApp

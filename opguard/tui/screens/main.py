@@ -220,7 +220,8 @@ class MainScreen(Screen[None]):
         the loss curves); a comparison of another rank still running is stopped."""
         if self._comparison is not None:
             self._comparison.stop()
-        self._comparison = Comparison(self.session.runs[0].path, self.session.runs[1].path, rank)
+        runs = self.session.runs
+        self._comparison = Comparison(runs[0].path, runs[1].path, rank, self.session.tolerance)
         self._relay(self._comparison, rank)
 
     @work(thread=True, group="compare", exclusive=True, exit_on_error=False)

@@ -1,5 +1,7 @@
 """Pictures of the whole run above the op list: where along the trace the runs differ (share of
-differing ops per step, from the diff's per-step counts) and the loss of both runs per step.
+differing ops per step, from the diff's per-step counts), under ``--tolerant`` how far apart
+they are (the largest relative distance of each step's aligned ops, log scale, the first
+difference rounding does not explain named), and the loss of both runs per step.
 
 A bar per step, or per bucket of steps when there are more steps than columns; the cursor's
 step is drawn inverted so a person sees where they stand.
@@ -7,6 +9,7 @@ step is drawn inverted so a person sees where they stand.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 from rich.text import Text
@@ -16,8 +19,9 @@ from textual.widget import Widget
 
 from ...analysis import RankDiff
 from ...analysis.rows import Side
+from ...analysis.text import SPARK_BLOCKS
+from ...analysis.tolerant import DRIFT_AROUND
 
-BLOCKS = " ▁▂▃▄▅▆▇█"
 LABEL_WIDTH = 11
 MAX_CELL_WIDTH = 6
 
@@ -88,7 +92,7 @@ class Bars(Widget):
                 glyph = "·"
             else:
                 level = (value - self.low) / span if span > 0 else 0.5
-                glyph = BLOCKS[1 + round(max(0.0, min(1.0, level)) * (len(BLOCKS) - 2))]
+                glyph = SPARK_BLOCKS[round(max(0.0, min(1.0, level)) * (len(SPARK_BLOCKS) - 1))]
             style = self.colour if value is not None else "dim"
             text.append(glyph * repeat, style=f"{style} reverse" if at == marked else style)
         text.append(f"  {self.note}", style="dim")
@@ -96,10 +100,13 @@ class Bars(Widget):
 
 
 class Pictures(Vertical):
-    """The difference strip and the loss curves of both runs."""
+    """The difference strip, the drift (``--tolerant``) and the loss curves of both runs."""
 
     def compose(self) -> ComposeResult:
         yield Bars("differing", "red", id="diff-strip")
+        drift = Bars("drift", "yellow", id="drift")
+        drift.display = False  # shown when the comparison was tolerant
+        yield drift
         yield Bars("loss A", "cyan", id="loss-a")
         yield Bars("loss B", "magenta", id="loss-b")
 
@@ -115,6 +122,34 @@ class Pictures(Vertical):
             f", first in step {first.step}" if first else ""
         )
         self.query_one("#diff-strip", Bars).plot(shares, 0.0, 1.0, note)
+        if diff.tolerance is not None:
+            self._show_drift(steps, diff)
+
+    def _show_drift(self, steps: Sequence[int], diff: RankDiff) -> None:
+        """The largest relative distance per step on a log scale, the lowest bar for a step
+        whose ops were equal; ``·`` where it was unknown or not measured (the walk measures
+        up to DRIFT_AROUND steps past the first difference rounding does not explain)."""
+        found = diff.tolerance
+        assert found is not None
+        last = diff.first.step + DRIFT_AROUND if diff.first is not None else None
+        series = dict(found.drift_series(steps, None))
+        positive = [v for v in series.values() if v]
+        low = math.log10(min(positive)) if positive else 0.0
+        logs = [
+            None
+            if (last is not None and step > last) or series.get(step) is None
+            else math.log10(series[step] or 10**low)
+            for step in steps
+        ]
+        if not positive:
+            note = "no difference measured"
+        elif diff.first is not None:
+            note = f"max {max(positive):.2g}; step {diff.first.step}: more than rounding"
+        else:
+            note = f"max {max(positive):.2g}, within rounding"
+        drift = self.query_one("#drift", Bars)
+        drift.plot(logs, low, math.log10(max(positive)) if positive else 1.0, note)
+        drift.display = True
 
     def show_loss(self, steps: Sequence[int], series: Mapping[Side, Mapping[int, float]]) -> None:
         values = [v for s in series.values() for v in s.values()]
