@@ -318,8 +318,10 @@ class Judge:
         base's without reading it, so it has a sketch only where it is its base in the base's
         order; a transposed or permuted view holds all of the base's values (the same distance,
         exactly), a slice a part of them (the base's distance is then an estimate: a
-        difference spread like rounding is spread alike over the part)."""
-        if not (ta.is_view and tb.is_view):
+        difference spread like rounding is spread alike over the part). Only views of one
+        geometry (shape and strides) over bases of one shape compare: their bases' sketches
+        are then keyed alike."""
+        if not (ta.is_view and tb.is_view and (ta.shape, ta.stride) == (tb.shape, tb.stride)):
             return None
         base_a, base_b = self._base(Side.A, ta), self._base(Side.B, tb)
         if base_a is None or base_b is None:
