@@ -340,8 +340,8 @@ def test_identical_runs_are_identical_under_tolerant(tmp_path: Path) -> None:
 
 
 def test_sparkline_marks_the_divergence_step() -> None:
-    line = sparkline([(0, 1e-7), (1, 1e-6), (2, 0.0), (3, 1e-2)], marked=3)
-    assert line == "▁▂·[█]"
+    line = sparkline([(0, 1e-7), (1, 1e-6), (2, 0.0), (3, 1e-2), (4, None)], marked=3)
+    assert line == "▁▂·[█]?"
 
 
 # -- the CLI ------------------------------------------------------------------------------
@@ -397,3 +397,15 @@ def test_the_evidence_carries_the_distances_and_the_reading(tmp_path: Path) -> N
     assert "not rounding (amplified)" in text and "amplification" in text
     reading = text.split("## reading (rules)")[1]
     assert reading.startswith("\n- not rounding") and "equal inputs" not in reading
+
+
+def test_recorded_runs_without_sketches_get_the_bitwise_answer_and_say_why() -> None:
+    """The cross-version fixture was recorded before sketches: under --tolerant its first
+    difference is the bitwise diff's, with the statement that its distance is unknown."""
+    fixture = Path(__file__).parent / "data" / "cross_version"
+    paths = (fixture / "torch-2.11", fixture / "torch-2.13")
+    bitwise, tolerant = diff(paths, None)[1], diff(paths)[1]
+    first = tolerant["first_divergence"]
+    assert first["distance"]["reason"] == "unknown" and "no sketch" in first["summary"]
+    assert first["a"]["index"] == bitwise["first_divergence"]["a"]["index"]
+    assert tolerant["verdict"] == "diverged"

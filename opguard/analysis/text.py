@@ -121,21 +121,26 @@ SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 60  # characters of a sparkline; longer series share a character (their largest)
 
 
-def sparkline(series: Sequence[tuple[int, float]], marked: int | None = None) -> str:
+def sparkline(series: Sequence[tuple[int, float | None]], marked: int | None = None) -> str:
     """A one-line picture of a per-step series (the tolerant diff's drift): one block per step
     (the largest of several steps per block beyond :data:`SPARK_WIDTH`), its height the value
-    on a log scale from the smallest positive value to the largest, ``·`` for 0, and the block
-    holding step ``marked`` in brackets."""
+    on a log scale from the smallest positive value to the largest, ``·`` for 0, ``?`` for
+    unknown (None), and the block holding step ``marked`` in brackets."""
     if not series:
         return ""
     per = -(-len(series) // SPARK_WIDTH)  # steps per block
     blocks = [series[k : k + per] for k in range(0, len(series), per)]
-    values = [max(v for _, v in block) for block in blocks]
-    positive = [v for v in values if 0 < v < math.inf]
+    values = [
+        None if any(v is None for _, v in block) else max(v or 0.0 for _, v in block)
+        for block in blocks
+    ]
+    positive = [v for v in values if v is not None and 0 < v < math.inf]
     low, high = (math.log10(min(positive)), math.log10(max(positive))) if positive else (0, 0)
     chars = []
     for block, value in zip(blocks, values, strict=True):
-        if value <= 0:
+        if value is None:
+            char = "?"
+        elif value <= 0:
             char = "·"
         elif high == low or value == math.inf:
             char = SPARK_BLOCKS[-1]

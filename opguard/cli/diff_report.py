@@ -174,16 +174,17 @@ def _print_tolerance(result: RunDiff) -> None:
         f"  tolerant ({tolerance.mode}: {escape(tolerance.text())}): {explained} differing "
         f"aligned op(s) explained by rounding{flipped}"
     )
-    drift = [(step, d) for step, d in result.drift() if d is not None]
+    drift = result.drift()
     if not drift:
         return
     marked = result.first.step if result.first is not None else None
-    largest = max(d for _, d in drift)
+    known = [d for _, d in drift if d is not None]
+    largest = f", max {max(known):.1e}" if known else ""
+    unknown = ", ? unknown" if len(known) < len(drift) else ""
     where = "" if marked is None else f"; [ ] step {marked}, the first divergence"
     console.print(
-        f"  drift, largest relative distance per step (log scale{where}): "
-        f"{escape(sparkline(drift, marked))}  steps {drift[0][0]}–{drift[-1][0]}, "
-        f"max {largest:.1e}"
+        f"  drift, largest relative distance per step (log scale{where}{unknown}): "
+        f"{escape(sparkline(drift, marked))}  steps {drift[0][0]}–{drift[-1][0]}{largest}"
     )
 
 
