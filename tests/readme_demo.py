@@ -8,7 +8,7 @@ are normalised:
 
 - where OpGuard is installed: the bundled scripts' call sites read ``…/train_baseline.py``;
 - the numbers a CPU's kernels compute (fingerprints, values, raw bits, stats, losses): the
-  README names the torch version and CPU capability it was written with, and where those differ
+  README names the torch version, CPU capability and CPU it was written with, and where those differ
   the check compares everything but these numbers (counts, op indices, line numbers, sections
   and wording stay exact).
 """
@@ -41,10 +41,22 @@ _NUMBERS = (
 
 
 def environment() -> str:
-    """What the numbers depend on: the torch build and the CPU kernels it dispatches to."""
+    """What the numbers depend on: the torch build, the CPU kernels it dispatches to, and the
+    CPU (one capability runs other code paths on another vendor's CPU: the losses' last digits
+    of an AVX512 Intel Xeon and an AVX512 AMD EPYC differ)."""
     import torch
 
-    return f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}"
+    return f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, {cpu_model()}"
+
+
+def cpu_model() -> str:
+    """The CPU's model name, as Linux reports it ("unknown CPU" elsewhere)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return "unknown CPU"
+    names = (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    return next(names, "unknown CPU")
 
 
 def run_demo() -> str:
