@@ -409,3 +409,42 @@ def test_recorded_runs_without_sketches_get_the_bitwise_answer_and_say_why() -> 
     assert first["distance"]["reason"] == "unknown" and "no sketch" in first["summary"]
     assert first["a"]["index"] == bitwise["first_divergence"]["a"]["index"]
     assert tolerant["verdict"] == "diverged"
+
+
+# -- the terminal debugger ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [({}, "within rounding"), ({"op3": {"amplify_b": 1e4}}, "step 0: more than rounding")],
+)
+async def test_the_tui_draws_the_drift_under_tolerant(
+    tmp_path: Path, changes: dict[str, Any], said: str
+) -> None:
+    """``opguard tui --tolerant``: the drift line (per step, log scale) says whether rounding
+    explains the runs' difference, and where it first does not; without --tolerant it is not
+    drawn."""
+    from opguard.tui.app import OpguardApp
+    from opguard.tui.session import Session
+    from opguard.tui.widgets.pictures import Bars
+
+    paths = chain_pair(tmp_path, mlp_steps(**changes), repeat=3)
+    for tolerance in (AUTO, None):
+        app = OpguardApp(Session.open(*paths, tolerance))
+        async with app.run_test(size=(160, 48)) as pilot:
+            drift = app.query_one("#drift", Bars)
+            for _ in range(200):  # the comparison runs in a child process
+                await pilot.pause(0.1)
+                if drift.display or (tolerance is None and app.main.rows.summaries):
+                    break
+            if tolerance is None:
+                assert not drift.display
+                continue
+            assert drift.display and said in drift.note
+            assert len(drift.values) == 3 and all(v is not None for v in drift.values)
+
+
+def test_tui_refuses_a_bad_tolerant_value_in_one_line(tmp_path: Path) -> None:
+    paths = chain_pair(tmp_path, mlp_steps())
+    code, _, err = cli_in_process("tui", str(paths[0]), str(paths[1]), "--tolerant=-1")
+    assert code == 2 and err.count("\n") == 1 and "--tolerant" in err
