@@ -275,7 +275,7 @@ OPG_HD double sketch_signed(uint64_t word, int position, double v) {
 
 // Whether tensors of a kind get a sketch (when their values are all finite and they have any):
 // the real floating-point kinds.
-OPG_HD bool has_sketch(Kind kind) {
+OPG_HD constexpr bool has_sketch(Kind kind) {
   switch (kind) {
     case Kind::Float16:
     case Kind::BFloat16:
@@ -303,13 +303,6 @@ struct SketchSums {
     s.squares = 0.0;
     for (int b = 0; b < kSketchBuckets; ++b) s.buckets[b] = 0.0;
     return s;
-  }
-
-  // Logical element `index` holding `v` (one hash per element: for ragged ends of runs).
-  OPG_HD void add(uint64_t index, double v) {
-    const uint64_t word = sketch_word(index / kSketchGroup);
-    squares += v * v;
-    buckets[sketch_bucket(word)] += sketch_signed(word, static_cast<int>(index % kSketchGroup), v);
   }
 
   OPG_HD void merge(const SketchSums& o) {
