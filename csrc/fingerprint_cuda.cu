@@ -221,32 +221,47 @@ struct ThreadSketch {
     return kItemsize > 0 ? kItemsize : a.itemsize;
   }
 
-  // The signed sum of the elements in the first `valid` bytes of word `j`, whose group's word
-  // is `group_word`; their squares go to `squares`.
-  __device__ __forceinline__ double signed_sum(uint64_t w, uint64_t j, int valid,
-                                               uint64_t group_word, const Args& a) {
-    const int size = itemsize(a);
-    const int first = static_cast<int>(j * (8 / size) % kSketchGroup);
-    double sum = 0.0;
+  // `v` with its sign flipped where bit `c` of `signs` is set: a shift and an XOR on its high
+  // word (sketch_signed's 64-bit shift by a run-time amount costs several instructions).
+  __device__ __forceinline__ static double flip(double v, uint32_t signs, int c) {
+    const int high = __double2hiint(v) ^ static_cast<int>((signs << (31 - c)) & 0x80000000u);
+    return __hiloint2double(high, __double2loint(v));
+  }
+
+  // The signed sum of the elements in the first `valid` bytes of word `j` (at least one);
+  // bit c of `signs` is the sign bit of its element c (its group's word shifted to the word's
+  // first element). Their squares go to `squares`.
+  __device__ __forceinline__ double signed_sum(uint64_t w, int valid, uint32_t signs,
+                                               const Args& a) {
+    double sum;
     if constexpr (kItemsize > 0) {
 #pragma unroll
       for (int c = 0; c < 8 / kItemsize; ++c) {
-        if (c * kItemsize < valid) {
+        if (c == 0 || c * kItemsize < valid) {
           const double v = Decode<K>::get(w, c);
           squares += v * v;
-          sum += sketch_signed(group_word, first + c, v);
+          sum = c == 0 ? flip(v, signs, 0) : sum + flip(v, signs, c);
         }
       }
     } else {
+      const int size = a.itemsize;
       uint8_t bytes[8];
       memcpy(bytes, &w, 8);
+      sum = 0.0;
       for (int c = 0; c * size < valid; ++c) {
         const double v = decode_component(bytes + c * size, static_cast<Kind>(K), size, 0);
         squares += v * v;
-        sum += sketch_signed(group_word, first + c, v);
+        sum += flip(v, signs, c);
       }
     }
     return sum;
+  }
+
+  // The sign bits of word `j`'s elements: its group's word shifted to the word's first element.
+  __device__ __forceinline__ static uint32_t signs_of(uint64_t group_word, uint64_t j,
+                                                      const Args& a) {
+    const int first = static_cast<int>(j * (8 / itemsize(a)) % kSketchGroup);
+    return static_cast<uint32_t>(group_word) >> first;
   }
 
   __device__ __forceinline__ void add(uint64_t group_word, double sum) {
@@ -257,7 +272,7 @@ struct ThreadSketch {
   __device__ __forceinline__ void word(uint64_t w, uint64_t j, int valid, const Args& a) {
     if constexpr (kOn) {
       const uint64_t group_word = sketch_word(j / itemsize(a));
-      add(group_word, signed_sum(w, j, valid, group_word, a));
+      add(group_word, signed_sum(w, valid, signs_of(group_word, j, a), a));
     }
   }
 
@@ -265,8 +280,8 @@ struct ThreadSketch {
   __device__ __forceinline__ void pair(uint64_t w0, uint64_t w1, uint64_t j, const Args& a) {
     if constexpr (kOn && kItemsize > 1) {
       const uint64_t group_word = sketch_word(j / kItemsize);
-      add(group_word,
-          signed_sum(w0, j, 8, group_word, a) + signed_sum(w1, j + 1, 8, group_word, a));
+      const uint32_t signs = signs_of(group_word, j, a);
+      add(group_word, signed_sum(w0, 8, signs, a) + signed_sum(w1, 8, signs >> (8 / kItemsize), a));
     } else {
       word(w0, j, 8, a);
       word(w1, j + 1, 8, a);
