@@ -259,7 +259,8 @@ using StoredSketch = std::array<uint8_t, kSketchStoredBytes>;
 
 OPG_HD uint64_t sketch_word(uint64_t group) { return fmix64(group * kIndexKey + kSketchSalt); }
 
-// (a 32 x 32-bit product: one instruction on the GPU)
+// The bucket of a group: the word's high 32 bits scaled to [0, kSketchBuckets) (a 32 x 32-bit
+// product: one instruction on the GPU).
 OPG_HD int sketch_bucket(uint64_t word) {
   const auto high = static_cast<uint32_t>(word >> 32);
   return static_cast<int>((static_cast<uint64_t>(high) * kSketchBuckets) >> 32);
