@@ -259,8 +259,11 @@ using StoredSketch = std::array<uint8_t, kSketchStoredBytes>;
 
 OPG_HD uint64_t sketch_word(uint64_t group) { return fmix64(group * kIndexKey + kSketchSalt); }
 
+// The bucket of a group: the word's high 32 bits scaled to [0, kSketchBuckets) (a 32 x 32-bit
+// product: one instruction on the GPU).
 OPG_HD int sketch_bucket(uint64_t word) {
-  return static_cast<int>(((word >> 32) * kSketchBuckets) >> 32);
+  const auto high = static_cast<uint32_t>(word >> 32);
+  return static_cast<int>((static_cast<uint64_t>(high) * kSketchBuckets) >> 32);
 }
 
 // `v` with the sign of element `position` (0..7) of the group whose word is `word`: the sign
@@ -275,7 +278,7 @@ OPG_HD double sketch_signed(uint64_t word, int position, double v) {
 
 // Whether tensors of a kind get a sketch (when their values are all finite and they have any):
 // the real floating-point kinds.
-OPG_HD bool has_sketch(Kind kind) {
+OPG_HD constexpr bool has_sketch(Kind kind) {
   switch (kind) {
     case Kind::Float16:
     case Kind::BFloat16:
@@ -303,13 +306,6 @@ struct SketchSums {
     s.squares = 0.0;
     for (int b = 0; b < kSketchBuckets; ++b) s.buckets[b] = 0.0;
     return s;
-  }
-
-  // Logical element `index` holding `v` (one hash per element: for ragged ends of runs).
-  OPG_HD void add(uint64_t index, double v) {
-    const uint64_t word = sketch_word(index / kSketchGroup);
-    squares += v * v;
-    buckets[sketch_bucket(word)] += sketch_signed(word, static_cast<int>(index % kSketchGroup), v);
   }
 
   OPG_HD void merge(const SketchSums& o) {

@@ -241,8 +241,10 @@ void stats_run(const uint8_t* p, int64_t count, uint64_t first, Stats& out, Sket
       buckets[sketch_bucket(word)] +=
           sketch_signed(word, static_cast<int>(index % kSketchGroup), v);
     }
-    for (int l = 0; l < kLanes; ++l) sketch.squares += squares[l / 2][l % 2];
-    for (int b = 0; b < kSketchBuckets; ++b) sketch.buckets[b] += buckets[b];
+    SketchSums run = SketchSums::empty();
+    for (int l = 0; l < kLanes; ++l) run.squares += squares[l / 2][l % 2];
+    for (int b = 0; b < kSketchBuckets; ++b) run.buckets[b] = buckets[b];
+    sketch.merge(run);
   } else {
     for (; i + kLanes <= n; i += kLanes)
       for (int l = 0; l < kLanes; ++l) step(l, decode_fast<K, ISZ>(p, i + l, table));

@@ -193,6 +193,102 @@ __device__ __forceinline__ void chunk_stats(uint64_t w0, uint64_t w1, const Args
   }
 }
 
+// A thread's share of a tensor's sketch (fingerprint.h), for the sketched kinds (elsewhere
+// every call is a no-op): its sum of squares in a register, its buckets in its own column of
+// shared memory (a bucket chosen at run time would move a register array to local memory).
+// A word of the logical stream holds at most eight elements of a real kind, all of one group
+// (group = word / itemsize), and so do the two words of a 16-byte load for itemsizes of two
+// bytes or more: one hash and one bucket add per load.
+template <int K>
+struct ThreadSketch {
+  static constexpr bool kOn = has_sketch(static_cast<Kind>(K));
+  static constexpr int kItemsize = Decode<K>::kComponentBytes;  // 0: the tensor's (float8: 1)
+  double squares = 0.0;
+
+  __device__ __forceinline__ static double (&columns()) [kSketchBuckets][kThreads] {
+    __shared__ double s_columns[kSketchBuckets][kThreads];
+    return s_columns;
+  }
+
+  __device__ __forceinline__ ThreadSketch() {
+    if constexpr (kOn) {
+#pragma unroll
+      for (int b = 0; b < kSketchBuckets; ++b) columns()[b][threadIdx.x] = 0.0;
+    }
+  }
+
+  __device__ __forceinline__ static int itemsize(const Args& a) {
+    return kItemsize > 0 ? kItemsize : a.itemsize;
+  }
+
+  // `v` with its sign flipped where bit `c` of `signs` is set: a shift and an XOR on its high
+  // word (sketch_signed's 64-bit shift by a run-time amount costs several instructions).
+  __device__ __forceinline__ static double flip(double v, uint32_t signs, int c) {
+    const int high = __double2hiint(v) ^ static_cast<int>((signs << (31 - c)) & 0x80000000u);
+    return __hiloint2double(high, __double2loint(v));
+  }
+
+  // The signed sum of the elements in the first `valid` bytes of word `j` (at least one);
+  // bit c of `signs` is the sign bit of its element c (its group's word shifted to the word's
+  // first element). Their squares go to `squares`.
+  __device__ __forceinline__ double signed_sum(uint64_t w, int valid, uint32_t signs,
+                                               const Args& a) {
+    double sum;
+    if constexpr (kItemsize > 0) {
+#pragma unroll
+      for (int c = 0; c < 8 / kItemsize; ++c) {
+        if (c == 0 || c * kItemsize < valid) {
+          const double v = Decode<K>::get(w, c);
+          squares += v * v;
+          sum = c == 0 ? flip(v, signs, 0) : sum + flip(v, signs, c);
+        }
+      }
+    } else {
+      const int size = a.itemsize;
+      uint8_t bytes[8];
+      memcpy(bytes, &w, 8);
+      sum = 0.0;
+      for (int c = 0; c * size < valid; ++c) {
+        const double v = decode_component(bytes + c * size, static_cast<Kind>(K), size, 0);
+        squares += v * v;
+        sum += flip(v, signs, c);
+      }
+    }
+    return sum;
+  }
+
+  // The sign bits of word `j`'s elements: its group's word shifted to the word's first element.
+  __device__ __forceinline__ static uint32_t signs_of(uint64_t group_word, uint64_t j,
+                                                      const Args& a) {
+    const int first = static_cast<int>(j * (8 / itemsize(a)) % kSketchGroup);
+    return static_cast<uint32_t>(group_word) >> first;
+  }
+
+  __device__ __forceinline__ void add(uint64_t group_word, double sum) {
+    columns()[sketch_bucket(group_word)][threadIdx.x] += sum;
+  }
+
+  // Word `j` of the logical stream, its first `valid` bytes holding elements.
+  __device__ __forceinline__ void word(uint64_t w, uint64_t j, int valid, const Args& a) {
+    if constexpr (kOn) {
+      const uint64_t group_word = sketch_word(j / itemsize(a));
+      add(group_word, signed_sum(w, valid, signs_of(group_word, j, a), a));
+    }
+  }
+
+  // Words `j` and `j + 1` (`j` even), all valid: one 16-byte load.
+  __device__ __forceinline__ void pair(uint64_t w0, uint64_t w1, uint64_t j, const Args& a) {
+    if constexpr (kOn && kItemsize > 1) {
+      const uint64_t group_word = sketch_word(j / kItemsize);
+      const uint32_t signs = signs_of(group_word, j, a);
+      add(group_word, signed_sum(w0, 8, signs, a) + signed_sum(w1, 8, signs >> (8 / kItemsize), a));
+    } else {
+      word(w0, j, 8, a);
+      word(w1, j + 1, 8, a);
+    }
+  }
+};
+
 // Byte offset of logical element `e` in memory.
 __device__ __forceinline__ int64_t element_offset(const Args& a, uint64_t e) {
   int64_t offset = 0;
@@ -251,9 +347,39 @@ __device__ __forceinline__ T warp_max(T v) {
   return v;
 }
 
-// Reduces the block's hash and stats in a fixed tree and publishes them as one partial.
-template <typename Acc>
-__device__ void publish(const Args& a, uint32_t block, uint64_t hash, const ThreadStats<Acc>& st) {
+// The block's sketch sums reduced in a fixed tree into `out`.
+template <int K>
+__device__ void publish_sketch(const ThreadSketch<K>& sk, SketchSums& out) {
+  constexpr int kValues = 1 + kSketchBuckets;
+  __shared__ double s_values[kValues][kThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  double values[kValues];
+  values[0] = sk.squares;
+#pragma unroll
+  for (int b = 0; b < kSketchBuckets; ++b) values[1 + b] = sk.columns()[b][threadIdx.x];
+#pragma unroll
+  for (int v = 0; v < kValues; ++v) {
+    values[v] = warp_sum(values[v]);
+    if (lane == 0) s_values[v][warp] = values[v];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int v = 0; v < kValues; ++v) {
+      for (int w = 1; w < kThreads / 32; ++w) values[v] += s_values[v][w];
+    }
+    out.squares = values[0];
+#pragma unroll
+    for (int b = 0; b < kSketchBuckets; ++b) out.buckets[b] = values[1 + b];
+  }
+}
+
+// Reduces the block's hash, stats and sketch in a fixed tree and publishes them as one partial.
+template <typename Acc, int K>
+__device__ void publish(const Args& a, uint32_t block, uint64_t hash, const ThreadStats<Acc>& st,
+                        const ThreadSketch<K>& sk) {
+  Partial* out = a.partials + block;
+  if constexpr (ThreadSketch<K>::kOn) publish_sketch(sk, out->sketch);
   __shared__ uint64_t s_hash[kThreads / 32];
   __shared__ double s_min[kThreads / 32], s_max[kThreads / 32], s_amax[kThreads / 32],
       s_sum[kThreads / 32];
@@ -286,7 +412,6 @@ __device__ void publish(const Args& a, uint32_t block, uint64_t hash, const Thre
       nn += s_nan[w];
       ni += s_inf[w];
     }
-    Partial* out = a.partials + block;
     out->hash = h;
     out->min = mn;
     out->max = mx;
@@ -317,6 +442,7 @@ template <int K, bool kContiguous>
 __device__ __forceinline__ void fingerprint_blocks(const Args& a, uint32_t block, uint32_t blocks) {
   using Acc = typename Decode<K>::Acc;
   ThreadStats<Acc> st;
+  ThreadSketch<K> sk;
   uint64_t hash = 0;
   const uint64_t stride = static_cast<uint64_t>(blocks) * kThreads;
   uint64_t j = static_cast<uint64_t>(block) * kThreads + threadIdx.x;
@@ -340,6 +466,7 @@ __device__ __forceinline__ void fingerprint_blocks(const Args& a, uint32_t block
         const uint64_t k = key + u * key_step;
         hash += fmix64(w0 ^ k) + fmix64(w1 ^ (k + kIndexKey));
         chunk_stats<K>(w0, w1, a, st);
+        sk.pair(w0, w1, 2 * (p + u * stride), a);
       }
     }
     for (; p < pairs; p += stride) {
@@ -347,6 +474,7 @@ __device__ __forceinline__ void fingerprint_blocks(const Args& a, uint32_t block
       split_words(__ldcs(v + p), w0, w1);
       hash += mix_word(w0, 2 * p) + mix_word(w1, 2 * p + 1);
       chunk_stats<K>(w0, w1, a, st);
+      sk.pair(w0, w1, 2 * p, a);
     }
     j = 2 * pairs + j;  // the at most one leftover word (and the zero-padded tail)
   }
@@ -355,13 +483,16 @@ __device__ __forceinline__ void fingerprint_blocks(const Args& a, uint32_t block
     const uint64_t w = kContiguous ? contiguous_word(a, j, &valid) : strided_word(a, j, &valid);
     hash += mix_word(w, j);
     word_stats<K>(w, valid, a, st);
+    sk.word(w, j, valid, a);
   }
   write_head(a, block, kContiguous);
-  publish<Acc>(a, block, hash, st);
+  publish(a, block, hash, st, sk);
 }
 
+// Four blocks per SM stay resident (64 registers a thread): the sketch's state would otherwise
+// take a few more and leave three.
 template <int K, bool kContiguous>
-__global__ void __launch_bounds__(kThreads) fingerprint_kernel(const Args a) {
+__global__ void __launch_bounds__(kThreads, 4) fingerprint_kernel(const Args a) {
   fingerprint_blocks<K, kContiguous>(a, blockIdx.x, gridDim.x);
 }
 
@@ -369,7 +500,7 @@ __global__ void __launch_bounds__(kThreads) fingerprint_kernel(const Args a) {
 // 148 parameters of GPT-2 took 148 launches per list): each tensor gets the blocks its own
 // launch would have, and a block finds its tensor by bisecting the first-block table.
 template <int K>
-__global__ void __launch_bounds__(kThreads) multi_kernel(const MultiArgs m) {
+__global__ void __launch_bounds__(kThreads, 4) multi_kernel(const MultiArgs m) {
   int lo = 0, hi = m.count - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
@@ -440,9 +571,11 @@ struct RowLoad {
   }
   template <int K>
   __device__ __forceinline__ void consume(uint64_t j, const Args& a, uint64_t& hash,
-                                          ThreadStats<typename Decode<K>::Acc>& st) const {
+                                          ThreadStats<typename Decode<K>::Acc>& st,
+                                          ThreadSketch<K>& sk) const {
     hash += mix_word(w, j);
     word_stats<K>(w, 8, a, st);
+    sk.word(w, j, 8, a);
   }
 };
 template <>
@@ -453,11 +586,13 @@ struct RowLoad<true> {
   }
   template <int K>
   __device__ __forceinline__ void consume(uint64_t j, const Args& a, uint64_t& hash,
-                                          ThreadStats<typename Decode<K>::Acc>& st) const {
+                                          ThreadStats<typename Decode<K>::Acc>& st,
+                                          ThreadSketch<K>& sk) const {
     uint64_t w0, w1;
     split_words(r, w0, w1);
     hash += mix_word(w0, j) + mix_word(w1, j + 1);
     chunk_stats<K>(w0, w1, a, st);
+    sk.pair(w0, w1, j, a);
   }
 };
 
@@ -474,6 +609,7 @@ __global__ void __launch_bounds__(kThreads, 4) rows_kernel(const Args a) {
   constexpr int kWords = kPairs ? 2 : 1;     // words per load
   constexpr int kInFlight = kPairs ? 2 : 4;  // 32 bytes of each lane's rows in flight
   ThreadStats<Acc> st;
+  ThreadSketch<K> sk;
   uint64_t hash = 0;
   const uint64_t row_words = static_cast<uint64_t>(a.sizes[a.ndim - 1]) * a.itemsize / 8;
   const uint64_t row_loads = row_words / kWords;
@@ -494,7 +630,7 @@ __global__ void __launch_bounds__(kThreads, 4) rows_kernel(const Args a) {
       for (uint64_t c = col; c < row_loads; c += group) {
         RowLoad<kPairs> load;
         load.load(start + c * 8 * kWords);
-        load.template consume<K>(first_word + c * kWords, a, hash, st);
+        load.template consume<K>(first_word + c * kWords, a, hash, st, sk);
       }
     }
   } else {  // several rows side by side, kInFlight of them per lane before any is consumed
@@ -516,13 +652,13 @@ __global__ void __launch_bounds__(kThreads, 4) rows_kernel(const Args a) {
       for (int u = 0; u < kInFlight; ++u) {
         if (u < taken && col < row_loads) {
           const uint64_t row = first_row + u * step;
-          loads[u].template consume<K>(row * row_words + col * kWords, a, hash, st);
+          loads[u].template consume<K>(row * row_words + col * kWords, a, hash, st, sk);
         }
       }
     }
   }
   write_head(a, blockIdx.x, false);
-  publish<Acc>(a, blockIdx.x, hash, st);
+  publish(a, blockIdx.x, hash, st, sk);
 }
 
 using KernelFn = void (*)(const Args);
@@ -921,6 +1057,12 @@ Fingerprint GpuFingerprinter::collect(const Ticket& t, double timeout_s) {
   const Kind kind = static_cast<Kind>(t.kind);
   const uint64_t values = t.numel * static_cast<uint64_t>(components_of(kind));
   fp.stats.finite = values - fp.stats.nan - fp.stats.inf;
+  if (has_sketch(kind) && t.numel > 0) {
+    SketchSums sums = SketchSums::empty();
+    for (uint32_t b = 0; b < t.blocks; ++b) sums.merge(p[b].sketch);
+    StoredSketch stored;
+    if (store_sketch(kind, fp.stats, sums, stored)) fp.sketch = stored;
+  }
   const uint8_t* head = heads_ + (t.head_slot % head_capacity_) * kHeadBytes;
   fp.head.assign(head, head + t.head_bytes);
   std::lock_guard<std::mutex> lock(mutex_);

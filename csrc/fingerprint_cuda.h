@@ -26,6 +26,7 @@ struct alignas(16) Partial {
   double sum;
   uint64_t nan;
   uint64_t inf;
+  SketchSums sketch;  // sketched kinds only
   // The launch's sequence number, written last (after a system fence): the partial is complete.
   // 64 bits never repeat, so ring slots need no resetting between launches (a host write to
   // each of a launch's partials cost more than the launch itself).

@@ -18,6 +18,7 @@ from conftest import line_of  # noqa: E402
 
 from opguard import _C  # noqa: E402
 from opguard.recorder.tensors import PendingFields, fingerprint_fields  # noqa: E402
+from opguard.store.sketch import decode as decode_sketch  # noqa: E402
 
 pytestmark = [
     pytest.mark.cuda,
@@ -117,6 +118,76 @@ def test_expanded_and_large_tensor() -> None:
     got = _gpu_fields(big)
     expected = fingerprint_fields(big.cpu())
     assert got["h"] == expected["h"] and got["m"][4] == 1
+
+
+SKETCHED = [
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+]
+
+
+def _normal(shape: tuple[int, ...], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+    """Finite values of ``dtype`` (random bits would hold NaNs, and no sketch)."""
+    return (torch.randn(shape, generator=generator) * 3).to(dtype)
+
+
+def _assert_same_sketch(got: dict, expected: dict) -> None:
+    """The GPU's sketch is the CPU's up to the order of its float64 sums: norms equal as float32
+    but for a rounding tie, buckets within one quantization step."""
+    gpu, cpu = decode_sketch(got["w"]), decode_sketch(expected["w"])
+    assert gpu is not None and cpu is not None
+    assert gpu.norm == pytest.approx(cpu.norm, rel=1e-6)
+    assert max(abs(a - b) for a, b in zip(gpu.buckets, cpu.buckets, strict=True)) <= cpu.step
+
+
+@pytest.mark.parametrize("dtype", SKETCHED, ids=str)
+def test_gpu_sketch_equals_the_cpus(dtype: torch.dtype) -> None:
+    """Every kernel's sketch: contiguous (aligned or not), permuted rows (of 16-byte loads, of
+    words, longer than a warp reads), gathered elements (transposed, sliced)."""
+    g = torch.Generator().manual_seed(4)
+    shapes = [(1,), (7,), (9,), (4099,), (1 << 20,), (33, 5), (257, 1031), (2, 3, 4, 300)]
+    for shape in [*shapes, (4, 64, 12, 64), (2, 6, 5, 8)]:
+        cpu = _normal(shape, dtype, g)
+        gpu = cpu.cuda()
+        views = [(cpu, gpu)]
+        if cpu.dim() >= 2:
+            views.append((cpu.transpose(0, 1), gpu.transpose(0, 1)))
+            views.append((cpu[1:, ::2], gpu[1:, ::2]))
+        if cpu.dim() == 4:
+            views.append((cpu.permute(0, 2, 1, 3), gpu.permute(0, 2, 1, 3)))
+        if cpu.dim() == 1 and cpu.numel() > 3:
+            views.append((cpu[1:], gpu[1:]))  # unaligned start
+            views.append((cpu[3::3], gpu[3::3]))
+        for c, d in views:
+            _assert_same_sketch(_gpu_fields(d), fingerprint_fields(c))
+
+
+def test_gpu_sketch_of_batched_launches_equals_the_cpus() -> None:
+    """Contiguous tensors of one dtype fingerprinted together share launches (step-level
+    records, a _foreach_ op's list): each gets the CPU's sketch; a tensor with a NaN gets none."""
+    import msgpack
+
+    from opguard.recorder import tensors as recorder_tensors
+
+    g = torch.Generator().manual_seed(5)
+    tensors = [_normal(s, d, g).cuda() for d in SKETCHED for s in [(5,), (33, 7), (4099,), (70,)]]
+    tensors[1][3, 4] = float("nan")
+    labels = [_C.state_label("param", i, "") for i in range(len(tensors))]
+    kernels_before = recorder_tensors._gpu().kernel_launches
+    packed = _C.pack_entries([recorder_tensors.fingerprint_all(tensors, labels)])
+    launches = recorder_tensors._gpu().kernel_launches - kernels_before
+    assert launches == len(SKETCHED)  # one per dtype
+    entries = msgpack.unpackb(packed)
+    for (_, _, _, entry), t in zip(entries, tensors, strict=True):
+        expected = fingerprint_fields(t.cpu())
+        if "w" in expected:
+            _assert_same_sketch(entry, expected)
+        else:
+            assert "w" not in entry and bool(t.isnan().any())
 
 
 def test_a_foreach_list_shares_launches_and_equals_the_cpu(tmp_path: Path) -> None:

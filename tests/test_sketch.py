@@ -19,12 +19,14 @@ import torch
 from sketch_reference import raw_sketch
 
 import opguard
+from opguard import _C
 from opguard.analysis import diff_runs
 from opguard.recorder.tensors import fingerprint_fields
 from opguard.store import Run
 from opguard.store.errors import DamagedRecord
 from opguard.store.records import TensorRecord
 from opguard.store.sketch import STORED_BYTES, Sketch, decode
+from opguard.store.states import expand_step
 
 FLOAT_DTYPES = [
     torch.float16,
@@ -131,6 +133,23 @@ def test_training_entries_carry_sketches_and_only_float_finite_ones(tmp_path: Pa
         assert all(e.sketch is None for e in state.entries if e.kind == "rng")
         param = next(e for e in floats if e.kind == "param")
         assert param.sketch is not None and param.tensor.to_json()["norm"] == param.sketch.norm
+
+
+def test_the_native_scanners_read_records_with_sketches(tmp_path: Path) -> None:
+    """The diff's native readers (csrc/opscan.cpp) skip ``w``: no record falls back to Python."""
+
+    def program() -> None:
+        weight = torch.nn.Parameter(torch.randn(64, 64))
+        opt = torch.optim.SGD([weight], lr=0.1)
+        (weight @ weight).relu().sum().backward()
+        opt.step()
+
+    trace = record(tmp_path / "run", program).rank(0)
+    chunk = next(iter(trace.raw_chunks()))
+    assert sum(t.sketch is not None for op in trace.ops() for t in op.outputs) >= 3
+    assert list(_C.OpScanner().scan(chunk)[3]) == []  # no fallback
+    (_, raw), *_ = trace.raw_steps()
+    assert b"\xa1w" in expand_step(raw) and _C.step_contents(expand_step(raw)) is not None
 
 
 def test_views_share_their_base_sketch_only_in_its_order(tmp_path: Path) -> None:
