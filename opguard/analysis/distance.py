@@ -115,7 +115,8 @@ def tensor_distance(a: TensorRecord, b: TensorRecord) -> Distance | None:
     sa, sb = a.sketch, b.sketch
     if sa is None or sb is None:
         return None
-    if _non_finite(a) != _non_finite(b):  # a NaN or Inf in one run only: no rounding makes it
+    counts = _non_finite(a), _non_finite(b)
+    if None not in counts and counts[0] != counts[1]:  # a NaN or Inf in one run only
         return Distance(math.inf, math.inf, math.inf, 0.0, sa.norm, sb.norm, True)
     return sketch_distance(sa, sb)
 
