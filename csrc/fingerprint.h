@@ -247,7 +247,8 @@ struct Stats {
 // the values in logical order, from which the diff estimates two runs' relative L2 distance.
 // Logical element i belongs to group g = i / kSketchGroup, whose word is sketch_word(g); the
 // element goes to the word's bucket with the sign of the word's bit (i % kSketchGroup). One hash
-// per group of eight keeps it cheap beside the fingerprint's stats pass.
+// per group of eight keeps it cheap beside the fingerprint's stats pass. A NaN or an infinity
+// adds 0 (sketch_value), so the finite part of a tensor (an attention mask's scores) is sketched.
 constexpr uint64_t kSketchSalt = 0xD6E8FEB86659FD93ull;
 constexpr int kSketchBuckets = 14;
 constexpr int kSketchGroup = 8;
@@ -266,6 +267,10 @@ OPG_HD int sketch_bucket(uint64_t word) {
   return static_cast<int>((static_cast<uint64_t>(high) * kSketchBuckets) >> 32);
 }
 
+// What an element adds to the sketch: its value where finite, 0 for a NaN or an infinity (one
+// comparison and a select: |v| <= DBL_MAX is false exactly for those).
+OPG_HD double sketch_value(double v) { return fabs(v) <= __DBL_MAX__ ? v : 0.0; }
+
 // `v` with the sign of element `position` (0..7) of the group whose word is `word`: the sign
 // bit flipped where the word's bit is set (a bit operation, no multiply or branch).
 OPG_HD double sketch_signed(uint64_t word, int position, double v) {
@@ -276,7 +281,7 @@ OPG_HD double sketch_signed(uint64_t word, int position, double v) {
   return v;
 }
 
-// Whether tensors of a kind get a sketch (when their values are all finite and they have any):
+// Whether tensors of a kind get a sketch (when they have a finite value):
 // the real floating-point kinds.
 OPG_HD constexpr bool has_sketch(Kind kind) {
   switch (kind) {
@@ -317,9 +322,9 @@ struct SketchSums {
 // The stored form of a tensor's sketch (opguard/store/sketch.py: the float32 norm, then each
 // bucket as int32 in steps of 2^(E - 28), E the frexp exponent of that norm, rounded half away
 // from zero, INT32_MIN outside int32's range; little-endian), or false where the tensor has
-// none: not a floating kind, no elements, a NaN or an infinity, or a norm beyond float32.
+// none: not a floating kind, no finite value, or a norm beyond float32.
 inline bool store_sketch(Kind kind, const Stats& stats, const SketchSums& sums, StoredSketch& out) {
-  if (!has_sketch(kind) || stats.finite == 0 || stats.nan != 0 || stats.inf != 0) return false;
+  if (!has_sketch(kind) || stats.finite == 0) return false;
   const float norm = static_cast<float>(sqrt(sums.squares));
   if (!(fabsf(norm) <= __FLT_MAX__)) return false;
   int exponent = 0;

@@ -151,6 +151,13 @@ using PairBits = uint64_t __attribute__((vector_size(16)));
 constexpr PairBits kSignMasks[4] = {
     {0, 0}, {1ull << 63, 0}, {0, 1ull << 63}, {1ull << 63, 1ull << 63}};
 
+// A pair with its NaNs and infinities zeroed (sketch_value on two lanes: a compare and an AND).
+inline Pair finite_or_zero(Pair v) {
+  const PairBits magnitude = reinterpret_cast<PairBits>(v) & ~(1ull << 63);
+  const PairBits finite = reinterpret_cast<Pair>(magnitude) <= __DBL_MAX__;  // all ones or 0
+  return reinterpret_cast<Pair>(reinterpret_cast<PairBits>(v) & finite);
+}
+
 // Accumulates stats for a run of contiguous elements, branch-free: each component is
 // classified with one comparison (|v| <= DBL_MAX is false exactly for NaN and +-Inf) and
 // folded in with selects, in eight lanes with a fixed pattern (deterministic sum order).
@@ -158,7 +165,7 @@ constexpr PairBits kSignMasks[4] = {
 // indices `first`, `first + 1`, ..., also go into `sketch` in the same pass: each eight-lane
 // block is one group when `first` is a multiple of eight (one hash, signs by XOR on pairs, one
 // bucket add), else it straddles two (the next group's word carried to the next block: still
-// one hash); the run's last elements are added one by one.
+// one hash); the run's last elements are added one by one. NaNs and infinities add 0.
 template <Kind K, int ISZ, bool kSketch>
 void stats_run(const uint8_t* p, int64_t count, uint64_t first, Stats& out, SketchSums& sketch) {
   constexpr int kLanes = 8;
@@ -206,6 +213,7 @@ void stats_run(const uint8_t* p, int64_t count, uint64_t first, Stats& out, Sket
         Pair pairs[kLanes / 2];
         std::memcpy(pairs, v, sizeof v);
         for (int k = 0; k < kLanes / 2; ++k) {
+          pairs[k] = finite_or_zero(pairs[k]);
           squares[k] += pairs[k] * pairs[k];
           const PairBits signs = kSignMasks[(word >> (2 * k)) & 3];
           pairs[k] = reinterpret_cast<Pair>(reinterpret_cast<PairBits>(pairs[k]) ^ signs);
@@ -219,8 +227,9 @@ void stats_run(const uint8_t* p, int64_t count, uint64_t first, Stats& out, Sket
         const uint64_t next = sketch_word(group + 1);
         double this_group = 0.0, next_group = 0.0;
         for (int l = 0; l < kLanes; ++l) {
-          const double v = decode_fast<K, ISZ>(p, i + l, table);
-          step(l, v);
+          const double raw = decode_fast<K, ISZ>(p, i + l, table);
+          step(l, raw);
+          const double v = sketch_value(raw);
           squares[l / 2][l % 2] += v * v;
           const bool here = shift + l < kSketchGroup;
           const double s = sketch_signed(here ? word : next, (shift + l) % kSketchGroup, v);
@@ -233,8 +242,9 @@ void stats_run(const uint8_t* p, int64_t count, uint64_t first, Stats& out, Sket
       }
     }
     for (; i < n; ++i) {
-      const double v = decode_fast<K, ISZ>(p, i, table);
-      step(0, v);
+      const double raw = decode_fast<K, ISZ>(p, i, table);
+      step(0, raw);
+      const double v = sketch_value(raw);
       squares[0][0] += v * v;
       const uint64_t index = first + static_cast<uint64_t>(i);
       const uint64_t word = sketch_word(index / kSketchGroup);

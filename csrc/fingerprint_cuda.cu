@@ -230,7 +230,7 @@ struct ThreadSketch {
 
   // The signed sum of the elements in the first `valid` bytes of word `j` (at least one);
   // bit c of `signs` is the sign bit of its element c (its group's word shifted to the word's
-  // first element). Their squares go to `squares`.
+  // first element). Their squares go to `squares`; NaNs and infinities add 0.
   __device__ __forceinline__ double signed_sum(uint64_t w, int valid, uint32_t signs,
                                                const Args& a) {
     double sum;
@@ -238,7 +238,7 @@ struct ThreadSketch {
 #pragma unroll
       for (int c = 0; c < 8 / kItemsize; ++c) {
         if (c == 0 || c * kItemsize < valid) {
-          const double v = Decode<K>::get(w, c);
+          const double v = sketch_value(Decode<K>::get(w, c));
           squares += v * v;
           sum = c == 0 ? flip(v, signs, 0) : sum + flip(v, signs, c);
         }
@@ -249,7 +249,8 @@ struct ThreadSketch {
       memcpy(bytes, &w, 8);
       sum = 0.0;
       for (int c = 0; c * size < valid; ++c) {
-        const double v = decode_component(bytes + c * size, static_cast<Kind>(K), size, 0);
+        const double v =
+            sketch_value(decode_component(bytes + c * size, static_cast<Kind>(K), size, 0));
         squares += v * v;
         sum += flip(v, signs, c);
       }

@@ -33,8 +33,10 @@ def buckets_and_signs(numel: int, first_index: int = 0) -> tuple[np.ndarray, np.
 
 
 def raw_sketch(values: np.ndarray, first_index: int = 0) -> tuple[float, np.ndarray]:
-    """The float64 norm and buckets of ``values`` (any float dtype, any shape: logical order)."""
+    """The float64 norm and buckets of ``values`` (any float dtype, any shape: logical order);
+    NaNs and infinities add 0."""
     flat = np.ascontiguousarray(values).reshape(-1).astype(np.float64)
+    flat = np.where(np.isfinite(flat), flat, 0.0)
     bucket, sign = buckets_and_signs(flat.size, first_index)
     buckets = np.bincount(bucket, weights=sign * flat, minlength=sketch.BUCKETS)
     return float(np.sqrt(np.sum(flat * flat))), buckets

@@ -82,6 +82,26 @@ def test_native_sketch_matches_the_reference(dtype: torch.dtype) -> None:
             assert_matches_reference(fields.get("w"), view), (n, name)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_non_finite_values_add_nothing_to_the_sketch(dtype: torch.dtype) -> None:
+    """A tensor with -inf entries (an attention mask's; NaN in the float8 kinds without an
+    infinity) has the reference's sketch of its finite part; one with no finite value has none."""
+    has_inf = torch.tensor(-math.inf).to(dtype).float().isinf().item()  # e4m3fn saturates it
+    mask = -math.inf if has_inf else math.nan
+    for n in SIZES:
+        floats = values(12 * n + 2, torch.float32, seed=n)
+        floats[2::5] = mask
+        base = floats.to(dtype)
+        for name, make in VIEWS.items():
+            view = make(base, n)
+            fields = fingerprint_fields(view)
+            assert isinstance(fields, dict)
+            assert_matches_reference(fields.get("w"), view), (n, name)
+    for fill in (mask, math.nan):
+        fields = fingerprint_fields(torch.full((9,), fill).to(dtype))
+        assert isinstance(fields, dict) and "w" not in fields
+
+
 def record(run: Path, program: Callable[[], object]) -> Run:
     with opguard.record(run):
         program()
@@ -104,7 +124,7 @@ def test_recorded_op_entries_carry_the_reference_sketch(tmp_path: Path) -> None:
         assert_matches_reference(op.outputs[0].sketch_bytes, clone)
 
 
-def test_training_entries_carry_sketches_and_only_float_finite_ones(tmp_path: Path) -> None:
+def test_training_entries_carry_sketches_of_floats_with_a_finite_value(tmp_path: Path) -> None:
     def train() -> None:
         torch.manual_seed(0)
         model = torch.nn.Linear(16, 8)
@@ -114,7 +134,8 @@ def test_training_entries_carry_sketches_and_only_float_finite_ones(tmp_path: Pa
             model(torch.randn(4, 16)).square().mean().backward()
             opt.step()
         torch.arange(10).sum()  # integers: no sketch
-        torch.zeros(3).div(0.0).sum()  # NaN: no sketch
+        torch.zeros(3).div(0.0).sum()  # all NaN: no finite value, no sketch
+        torch.ones(3, 3).masked_fill(torch.ones(3, 3).triu(1).bool(), -math.inf).softmax(-1)
 
     trace = record(tmp_path / "run", train).rank(0)
     ops = list(trace.ops())
@@ -125,6 +146,9 @@ def test_training_entries_carry_sketches_and_only_float_finite_ones(tmp_path: Pa
     assert arange.outputs[0].sketch is None and arange.outputs[0].hash is not None
     nan = next(op for op in ops if op.op == "aten::div.Tensor").outputs[0]
     assert nan.stats is not None and nan.stats[4] == 3 and nan.sketch is None
+    masked = next(op for op in ops if op.op == "aten::masked_fill.Scalar").outputs[0]
+    assert masked.stats is not None and masked.stats[5] == 3
+    assert masked.sketch is not None and masked.sketch.norm == np.float32(math.sqrt(6))
     states = list(trace.step_states())  # step-level records stay small: no sketches
     assert states and all(e.tensor.sketch_bytes is None for s in states for e in s.entries)
     assert all(e.tensor.hash is not None for s in states for e in s.entries)

@@ -22,7 +22,7 @@ distances (:mod:`.distance`) whether rounding explains it:
 - with a fixed bound (``--tolerant=REL``) every distance above is compared with ``REL``.
 
 A tensor whose distance is needed and unknown (no sketch: a trace recorded before sketches,
-non-finite values; shapes that differ) is never guessed: the op is not explained, and the
+no finite value; shapes that differ) is never guessed: the op is not explained, and the
 bitwise answer is given for it, saying that the distance is unknown.
 
 Cost: records are decoded only where fingerprints differ (as the bitwise walk decodes the first
@@ -534,7 +534,7 @@ def _why_unknown(ta: TensorRecord, tb: TensorRecord) -> str:
     without = [name for name, t in (("A", ta), ("B", tb)) if t.sketch is None]
     runs = " and ".join(without)
     return (
-        f"has no sketch in run {runs} (a trace recorded before sketches, non-finite values, "
+        f"has no sketch in run {runs} (a trace recorded before sketches, no finite value, "
         "or no readable storage)"
     )
 

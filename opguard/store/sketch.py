@@ -8,13 +8,15 @@ fingerprint (``csrc/fingerprint.h`` defines it for the CPU and CUDA paths alike)
   indices; group ``g`` hashes to one word ``h = fmix64(g * INDEX_KEY + SALT)``;
 - element ``j`` of the group is added to bucket ``((h >> 32) * BUCKETS) >> 32`` with sign ``-1``
   where bit ``j`` of ``h`` is set, else ``+1``; the buckets and the sum of squares are
-  accumulated in float64.
+  accumulated in float64. A NaN or an infinity adds 0 to both (its bucket and the norm).
 
 A sketch is linear in the values, so the sketch of ``a - b`` is the difference of the two runs'
 sketches, and because each element's bucket and sign depend only on its logical index, the
 sum of squared bucket differences estimates ``||a - b||^2`` without bias (a chi-square with about
 :data:`BUCKETS` degrees of freedom once the difference spreads over many groups; exact when it
-sits in one). Only floating-point tensors with finite values have one (``w`` is absent otherwise).
+sits in one). Only floating-point tensors with at least one finite value have one (``w`` is absent
+otherwise): the sketch of a tensor with non-finite values (an attention mask's ``-inf``) is that of
+its finite part, and the diff compares the NaN and Inf counts apart.
 
 Stored form (:data:`STORED_BYTES` bytes, little-endian): the L2 norm as float32, then the
 :data:`BUCKETS` buckets as int32 fixed point in steps of ``2**(E - FRACTION_BITS)``, where
