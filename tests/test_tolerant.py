@@ -23,7 +23,13 @@ from opguard.analysis.contract import to_json
 from opguard.analysis.distance import sketch_distance
 from opguard.analysis.rounding import TF32, op_unit
 from opguard.analysis.text import sparkline
-from opguard.analysis.tolerant import A_FACTOR, R_FACTOR, Tolerance, parse_tolerance
+from opguard.analysis.tolerant import (
+    A_DIVIDING,
+    A_FACTOR,
+    R_FACTOR,
+    Tolerance,
+    parse_tolerance,
+)
 from opguard.store import Run, sketch
 from opguard.store.environment import Environment
 from opguard.tools import BY_NAME, ToolError
@@ -216,6 +222,17 @@ def test_a_value_non_finite_in_one_run_only_is_infinitely_far() -> None:
 # -- the rounding unit --------------------------------------------------------------------
 
 
+def test_an_op_dividing_by_a_tensor_may_amplify_more() -> None:
+    """Adam's update divides by sqrt(v): elements with tiny gradients amplify rounding."""
+    from opguard.analysis.rounding import divides
+
+    assert divides("aten::_foreach_addcdiv_.ScalarList") and divides("aten::_fused_adamw_.default")
+    assert divides("aten::div.Tensor") and not divides("aten::mul.Tensor")
+    rule = Tolerance()
+    assert rule.limit(1e-6, 2.0**-24, dividing=True) > 50 * rule.limit(1e-6, 2.0**-24)
+    assert Tolerance(rel=1e-3).limit(1e-6, None, dividing=True) == 1e-3
+
+
 def test_tf32_coarsens_float32_matmuls_on_cuda_when_either_run_allowed_it(tmp_path: Path) -> None:
     with TraceBuilder(tmp_path / "r") as run:
         x = tensor("self", 1, dtype="float32", device="cuda:0")
@@ -252,7 +269,13 @@ def test_an_op_in_bfloat16_in_one_run_rounds_like_bfloat16(tmp_path: Path) -> No
 def test_a_chain_that_differs_by_float32_rounding_is_within_rounding(tmp_path: Path) -> None:
     result, out = diff(chain_pair(tmp_path, mlp_steps(), repeat=3))
     assert result.verdict == "within-rounding" and out["first_divergence"] is None
-    assert out["tolerance"] == {"mode": "auto", "rel": None, "A": A_FACTOR, "R": R_FACTOR}
+    assert out["tolerance"] == {
+        "mode": "auto",
+        "rel": None,
+        "A": A_FACTOR,
+        "R": R_FACTOR,
+        "A_dividing": A_DIVIDING,
+    }
     assert [d["step"] for d in out["drift"]] == [0, 1, 2]
     assert all(0 < d["max_rel_distance"] < 1e-5 for d in out["drift"])
     assert out["ranks"][0]["rounding"]["explained"] == 15

@@ -57,6 +57,19 @@ CONV_OPS = frozenset(
 )
 
 
+# Ops that divide by a tensor (overload, ``aten::`` and a trailing ``_`` left out): Adam's and
+# addcdiv's updates among them.
+DIVIDING_OPS = frozenset(
+    {"div", "addcdiv", "reciprocal", "_foreach_div", "_foreach_addcdiv", "_foreach_reciprocal"}
+    | {"_fused_adam", "_fused_adamw", "_fused_adagrad"}
+)
+
+
+def divides(op: str) -> bool:
+    """Whether op ``op`` (``aten::addcdiv_.default``) divides by a tensor."""
+    return base_name(op).removesuffix("_") in DIVIDING_OPS
+
+
 def dtype_unit(dtype: str) -> float | None:
     """The unit roundoff of a dtype; None for integer, bool and unknown dtypes (no rounding)."""
     return UNIT_ROUNDOFF.get(dtype)

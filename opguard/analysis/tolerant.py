@@ -42,7 +42,7 @@ from ..store import OpRecord, RankTrace, TensorRecord
 from .distance import EQUAL, Distance, finite, tensor_distance
 from .divergence import Alignment, ArgumentDiff, Divergence, Explainer, differing_arguments
 from .divergence import differing_tensors as differing
-from .rounding import dtype_unit, op_unit
+from .rounding import divides, dtype_unit, op_unit
 from .verdict import Cause, Kind, Side
 
 # The rule's constants: d_out <= A * d_in + R * u. A bounds how much an op may amplify its
@@ -56,6 +56,13 @@ from .verdict import Cause, Kind, Side
 # momentum buffers' mul_ leaves 1.9e6 u (and is named as an argument change first).
 A_FACTOR = 16.0
 R_FACTOR = 64.0
+# An op that divides by a tensor (Adam's update m / (sqrt(v) + eps), addcdiv) multiplies the
+# relative difference of the elements it divides by small values: a normwise bound of 16 cannot
+# hold there. Measured: AdamW's first step amplified a rounding difference 172x (CPU, math
+# against flash attention, bench/tolerant_pairs.py), and foreach against fused AdamW left its
+# parameters 2.0e-5 apart from gradients 1e-6 apart (~20x) two steps in. The weakest real
+# change measured left 9,100 u of equal inputs (R's term), which this does not touch.
+A_DIVIDING = 1024.0
 DRIFT_AROUND = 5  # steps either side of the first divergence in the drift series
 
 
@@ -76,11 +83,13 @@ class Tolerance:
     def mode(self) -> Mode:
         return Mode.AUTO if self.rel is None else Mode.FIXED
 
-    def limit(self, d_in: float, unit: float | None) -> float:
-        """What rounding explains of a tensor whose sources differ by ``d_in``."""
+    def limit(self, d_in: float, unit: float | None, dividing: bool = False) -> float:
+        """What rounding explains of a tensor whose sources differ by ``d_in``, made by ops
+        of which one divides by a tensor where ``dividing``."""
         if self.rel is not None:
             return self.rel
-        return self.amplification * d_in + self.roundings * (unit or 0.0)
+        amplification = max(self.amplification, A_DIVIDING) if dividing else self.amplification
+        return amplification * d_in + self.roundings * (unit or 0.0)
 
     def argument(self) -> str:
         """``--tolerant``'s value that parses back to this tolerance."""
@@ -97,6 +106,7 @@ class Tolerance:
             "rel": self.rel,
             "A": self.amplification,
             "R": self.roundings,
+            "A_dividing": A_DIVIDING,
         }
 
 
@@ -381,9 +391,9 @@ class Judge:
             limit = self.tolerance.limit(0.0, own)
             what = f"input '{slot}', which no recorded op produced"
         else:
-            region, region_unit = self._region((ta.producer, tb.producer))
+            region, region_unit, dividing = self._region((ta.producer, tb.producer))
             unit = max((u for u in (unit, region_unit) if u is not None), default=None)
-            limit = self.tolerance.limit(region, unit)
+            limit = self.tolerance.limit(region, unit, dividing)
             what = f"input '{slot}', written by ops of one run only"
         if distance.estimate <= limit:
             return None
@@ -402,12 +412,12 @@ class Judge:
 
     def _region(
         self, producers: tuple[tuple[int, int] | None, tuple[int, int] | None]
-    ) -> tuple[float, float | None]:
+    ) -> tuple[float, float | None, bool]:
         """Of the ops of one run only that wrote an input (followed back through other such
-        ops): the largest distance of the aligned ops' outputs they read, and the coarsest
-        unit roundoff of their own tensors (a cast to bfloat16 only one run has rounds at
-        bfloat16)."""
-        largest, unit = 0.0, None
+        ops): the largest distance of the aligned ops' outputs they read, the coarsest unit
+        roundoff of their own tensors (a cast to bfloat16 only one run has rounds at
+        bfloat16), and whether one of them divides by a tensor."""
+        largest, unit, dividing = 0.0, None, False
         for side, produced in zip(Side, producers, strict=True):
             if produced is None:
                 continue
@@ -424,6 +434,7 @@ class Judge:
                     largest = max(largest, self._aligned_distance(side, index, other))
                     continue
                 op = trace.op(index)
+                dividing = dividing or divides(op.op)
                 for t in (*op.inputs, *op.outputs):
                     own = dtype_unit(t.dtype)
                     if own is not None and (unit is None or own > unit):
@@ -432,7 +443,7 @@ class Judge:
                     if t.producer is not None and t.producer[0] not in seen:
                         seen.add(t.producer[0])
                         pending.append(t.producer[0])
-        return largest, unit
+        return largest, unit, dividing
 
     def _aligned_distance(self, side: Side, index: int, other: int) -> float:
         """The largest distance between the outputs of an aligned pair (0 where unknown: the
@@ -475,7 +486,8 @@ class Judge:
             d_out = returned
         elif returned is None and op_a.returned != op_b.returned:
             flips += 1
-        budget = self.tolerance.limit(0.0 if d_in.exact else d_in.estimate, unit)
+        dividing = divides(op_a.op) or divides(op_b.op)
+        budget = self.tolerance.limit(0.0 if d_in.exact else d_in.estimate, unit, dividing)
         if d_out is not None:
             self._note(op_a, d_out.estimate)
             if d_out.estimate > budget:
