@@ -99,20 +99,21 @@ void Content::resolve() {
   resolved_.store(true, std::memory_order_release);
 }
 
-size_t Content::field_count(int entry_flags) const {
+size_t Content::field_count(int entry_flags, bool with_sketch) const {
   const size_t flag = (flags_ | entry_flags) != 0;
+  const size_t sketch = with_sketch && fp_.sketch.has_value();
   switch (state_) {
     case State::Flag:
       return flag;
     case State::View:
-      return 2 + fp_.sketch.has_value() + flag;
+      return 2 + sketch + flag;
     case State::Fingerprint:
-      return (has_stats(kind_) ? 4 : 3) + fp_.sketch.has_value() + flag;
+      return (has_stats(kind_) ? 4 : 3) + sketch + flag;
   }
   return 0;
 }
 
-void Content::pack(MsgpackOut& out, int entry_flags) const {
+void Content::pack(MsgpackOut& out, int entry_flags, bool with_sketch) const {
   if (state_ != State::Flag) {
     out.str("h"), out.uint(fp_.hash);
     out.str("z"), out.uint(fp_.nbytes);
@@ -132,7 +133,7 @@ void Content::pack(MsgpackOut& out, int entry_flags) const {
       out.uint(s.nan), out.uint(s.inf);
     }
   }
-  if (fp_.sketch) out.str("w"), out.bin(fp_.sketch->data(), fp_.sketch->size());
+  if (with_sketch && fp_.sketch) out.str("w"), out.bin(fp_.sketch->data(), fp_.sketch->size());
   if ((flags_ | entry_flags) != 0) out.str("f"), out.integer(flags_ | entry_flags);
 }
 

@@ -59,9 +59,11 @@ class Content {
   // resolved, which the release/acquire of `resolved_` makes safe.
   void resolve();
   // The number of its fields, and their keys and values (resolved first), with the entry's own
-  // flags `entry_flags` (view, written) merged into its "f" (present when any flag is set).
-  size_t field_count(int entry_flags) const;
-  void pack(MsgpackOut& out, int entry_flags) const;
+  // flags `entry_flags` (view, written) merged into its "f" (present when any flag is set),
+  // and its sketch ("w") where `with_sketch` (step-level entries leave it out: the tolerant
+  // diff judges op records, and a step's record of every state tensor stays small).
+  size_t field_count(int entry_flags, bool with_sketch = true) const;
+  void pack(MsgpackOut& out, int entry_flags, bool with_sketch = true) const;
   // Its fields as a dict, resolving them first (waiting for the GPU without the GIL).
   pybind11::dict to_dict();
 

@@ -60,11 +60,11 @@ py::bytes pack_entries(const py::list& batches) {
       for (const StateTensor& t : part->tensors) {
         t.content->resolve();
         out.raw(t.label);
-        out.map(2 + t.content->field_count(0));
+        out.map(2 + t.content->field_count(0, /*with_sketch=*/false));
         out.str("d"), out.str(t.dtype->name);
         out.str("s"), out.array(t.sizes.size());
         for (int64_t s : t.sizes) out.integer(s);
-        t.content->pack(out, 0);
+        t.content->pack(out, 0, /*with_sketch=*/false);
       }
     }
   }

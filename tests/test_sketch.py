@@ -149,14 +149,9 @@ def test_training_entries_carry_sketches_of_floats_with_a_finite_value(tmp_path:
     masked = next(op for op in ops if op.op == "aten::masked_fill.Scalar").outputs[0]
     assert masked.stats is not None and masked.stats[5] == 3
     assert masked.sketch is not None and masked.sketch.norm == np.float32(math.sqrt(6))
-    states = list(trace.step_states())
-    assert states
-    for state in states:
-        floats = [e for e in state.entries if e.kind in ("loss", "grad", "param")]
-        assert floats and all(isinstance(e.sketch, Sketch) for e in floats)
-        assert all(e.sketch is None for e in state.entries if e.kind == "rng")
-        param = next(e for e in floats if e.kind == "param")
-        assert param.sketch is not None and param.tensor.to_json()["norm"] == param.sketch.norm
+    states = list(trace.step_states())  # step-level records stay small: no sketches
+    assert states and all(e.tensor.sketch_bytes is None for s in states for e in s.entries)
+    assert all(e.tensor.hash is not None for s in states for e in s.entries)
 
 
 def test_the_native_scanners_read_records_with_sketches(tmp_path: Path) -> None:
@@ -173,7 +168,7 @@ def test_the_native_scanners_read_records_with_sketches(tmp_path: Path) -> None:
     assert sum(t.sketch is not None for op in trace.ops() for t in op.outputs) >= 3
     assert list(_C.OpScanner().scan(chunk)[3]) == []  # no fallback
     (_, raw), *_ = trace.raw_steps()
-    assert b"\xa1w" in expand_step(raw) and _C.step_contents(expand_step(raw)) is not None
+    assert _C.step_contents(expand_step(raw)) is not None
 
 
 def test_views_share_their_base_sketch_only_in_its_order(tmp_path: Path) -> None:
@@ -195,7 +190,7 @@ def test_an_old_trace_without_sketches_opens_and_diffs() -> None:
     run_a, run_b = (Run(path) for path in CROSS_PAIR)
     tensors = [t for op in run_a.rank(0).ops() for t in (*op.inputs, *op.outputs)]
     assert tensors and all(t.sketch is None and "norm" not in t.to_json() for t in tensors)
-    assert all(e.sketch is None for s in run_a.rank(0).step_states() for e in s.entries)
+    assert all(e.tensor.sketch is None for s in run_a.rank(0).step_states() for e in s.entries)
     assert diff_runs(run_a, run_b).first is not None
 
 

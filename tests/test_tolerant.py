@@ -186,6 +186,33 @@ def test_distances_below_the_quantization_read_as_the_floor() -> None:
     assert d.text().startswith("≤")
 
 
+def test_a_value_non_finite_in_one_run_only_is_infinitely_far() -> None:
+    """Sketches sum finite values; a NaN or Inf only one run has is no rounding."""
+    from opguard.analysis.distance import tensor_distance
+    from opguard.store.records import TensorRecord
+
+    values = np.random.default_rng(4).standard_normal(N).astype(np.float32)
+    masked = values.copy()
+    masked[:8] = -np.inf
+
+    def record(v: np.ndarray, inf: int) -> TensorRecord:
+        finite = v[np.isfinite(v)]
+        stats = [float(finite.min()), float(finite.max()), float(finite.mean()), 0.0, 0, inf]
+        return TensorRecord.decode(
+            {
+                **entry("0", v, sketched=False),
+                "w": stored_sketch(np.where(np.isfinite(v), v, 0)),
+                "m": stats,
+            }
+        )
+
+    nudged = (masked * np.float32(1 + 1e-6)).astype(np.float32)
+    near = tensor_distance(record(masked, 8), record(nudged, 8))
+    assert near is not None and 3e-7 < near.estimate < 3e-6  # the finite parts compared
+    far = tensor_distance(record(values, 0), record(masked, 8))
+    assert far is not None and far.estimate == math.inf
+
+
 # -- the rounding unit --------------------------------------------------------------------
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from ..store import sketch as stored
 from ..store.records import TensorRecord
@@ -114,4 +115,12 @@ def tensor_distance(a: TensorRecord, b: TensorRecord) -> Distance | None:
     sa, sb = a.sketch, b.sketch
     if sa is None or sb is None:
         return None
+    counts = _non_finite(a), _non_finite(b)
+    if None not in counts and counts[0] != counts[1]:  # a NaN or Inf in one run only
+        return Distance(math.inf, math.inf, math.inf, 0.0, sa.norm, sb.norm, True)
     return sketch_distance(sa, sb)
+
+
+def _non_finite(t: TensorRecord) -> tuple[Any, ...] | None:
+    """The NaN and Inf counts of a tensor's stats (a sketch sums its finite values only)."""
+    return tuple(t.stats[4:6]) if t.stats is not None and len(t.stats) >= 6 else None

@@ -29,7 +29,8 @@ A run directory holds ``meta.json`` (the run as a whole) and one LMDB environmen
     key: the step's number as an 8-byte big-endian integer; value: map ``s`` step, ``e`` list
     of state entries ``[kind, name id, slot, tensor entry]`` (kinds: STATE_KINDS; ``slot``: an
     optimizer state's key, such as ``exp_avg``, else ``""``; the tensor entry holds ``d``,
-    ``s``, ``h``, ``z``, ``b``, ``m``, ``w``, ``f`` as below); or map ``s`` step, ``z`` that list packed
+    ``s``, ``h``, ``z``, ``b``, ``m``, ``f`` as below: no sketch ``w``, which only op records
+    carry); or map ``s`` step, ``z`` that list packed
     and zlib-compressed (what the recorder writes). Absent in traces recorded before it.
 ``states``
     interned names of state tensors (``transformer.h.3.mlp.c_fc.weight``, or ``group 0 param
@@ -54,8 +55,8 @@ Tensor entry fields::
     z  logical byte length    m  stats [min, max, mean, absmax, nan, inf]
     p  producer [op index, output slot] (absent: leaf)    f  flags (FLAG_*)
     w  sketch: 60 bytes, the float32 L2 norm and 14 int32 buckets from which two runs' relative
-       distance is estimated (:mod:`opguard.store.sketch`); only floating-point tensors whose
-       values are all finite, and views holding their base's values in its order; absent in
+       distance is estimated (:mod:`opguard.store.sketch`); only floating-point tensors with a
+       finite value (NaN and Inf add 0), and views holding their base's values in its order; absent in
        traces recorded before it
 """
 

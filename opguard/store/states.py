@@ -26,7 +26,6 @@ import msgpack
 from . import schema
 from .errors import DamagedRecord
 from .records import TensorRecord
-from .sketch import Sketch
 
 # zlib's fastest level: the writer thread compresses a step's entries in well under a
 # millisecond, and higher levels gain a few percent (hashes and raw values hardly compress).
@@ -48,11 +47,6 @@ class StateEntry:
     def key(self) -> tuple[str, str, str]:
         """What identifies the entry in both runs' records of a step."""
         return (self.kind, self.name, self.slot)
-
-    @property
-    def sketch(self) -> Sketch | None:
-        """The tensor's sketch (:attr:`TensorRecord.sketch`); None where it has none."""
-        return self.tensor.sketch
 
     @property
     def label(self) -> str:
@@ -145,8 +139,7 @@ def decode_step(raw: Any, names: dict[int, str]) -> StepState:
 
 def comparable_entries(raw: bytes, rename: Sequence[int] | None = None) -> list[Any] | None:
     """The entries of a stored step record as two runs' records compare: without their stats
-    and sketches (the same content gets other means and buckets where another device or kernel
-    reduced it) and with
+    (the same content gets other means where another device or kernel reduced it) and with
     name id ``i`` mapped to ``rename[i]`` (-1 past its end). Equal results mean equal states;
     unequal ones may still hold equal content (entries in another order), which only a full
     decode tells. None when ``raw`` is not a step record (decoding it says why). The Python
@@ -167,7 +160,6 @@ def comparable_entries(raw: bytes, rename: Sequence[int] | None = None) -> list[
         ):
             return None
         entry[3].pop("m", None)
-        entry[3].pop("w", None)
         if rename is not None:
             entry[1] = rename[entry[1]] if 0 <= entry[1] < len(rename) else -1
     return entries

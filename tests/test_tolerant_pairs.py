@@ -1,0 +1,68 @@
+"""``opguard diff --tolerant`` on recorded pairs (issue 30's CPU pairs, scripts in
+``tests/data/``): runs that differ by rounding alone are within rounding, and the real change
+behind the rounding is named, at its op and for its reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tolerant_runs import record_runs
+
+from opguard.analysis import diff_runs
+from opguard.analysis.contract import to_json
+from opguard.analysis.tolerant import Tolerance
+from opguard.store import Run
+
+# tests/data/cross_version/mlp.py recorded with torch 2.11 on the GPU machine (on its CPU), by
+# the recorder that writes sketches: `bash bench/gpu_session.sh fixture`
+SKETCHED_2_11 = Path(__file__).parent / "data" / "cross_version" / "sketched" / "torch-2.11"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tolerant_pairs")
+    return record_runs(root, ["fp32", "bf16", "bf16_eps", "mlp", "mlp_momentum"])
+
+
+def tolerant(a: Path, b: Path) -> dict[str, Any]:
+    with Run(a) as run_a, Run(b) as run_b:
+        return to_json(diff_runs(run_a, run_b, tolerance=Tolerance()))
+
+
+def test_bf16_autocast_against_fp32_is_within_rounding(runs: dict[str, Path]) -> None:
+    out = tolerant(runs["fp32"], runs["bf16"])
+    assert out["verdict"] == "within-rounding"
+    assert out["ranks"][0]["rounding"]["explained"] > 100  # every op differs, all explained
+    assert max(d["max_rel_distance"] for d in out["drift"]) > 1e-3  # bf16's rounding, not 0
+
+
+def test_a_changed_eps_behind_autocast_is_named(runs: dict[str, Path]) -> None:
+    first = tolerant(runs["fp32"], runs["bf16_eps"])["first_divergence"]
+    assert (first["kind"], first["step"]) == ("argument", 0)
+    assert first["a"]["op"] == "aten::native_layer_norm.default"
+    assert "eps" in first["summary"]
+
+
+def test_a_changed_momentum_is_named_at_its_step(runs: dict[str, Path]) -> None:
+    first = tolerant(runs["mlp"], runs["mlp_momentum"])["first_divergence"]
+    assert (first["kind"], first["step"], first["a"]["phase"]) == ("argument", 1, "optimizer")
+    assert "0.9 (A) vs 0.8 (B)" in first["summary"]
+
+
+@pytest.mark.skipif(not SKETCHED_2_11.is_dir(), reason="the torch 2.11 recording is not here")
+def test_two_torch_builds_are_within_rounding_and_the_change_behind_them_named(
+    runs: dict[str, Path],
+) -> None:
+    """The same script recorded with torch 2.11 (shipped) and with this machine's torch: the
+    bitwise diff names the first op of all; the tolerant one says rounding explains it, and
+    names momentum changed from step 1 behind it."""
+    with Run(SKETCHED_2_11) as a, Run(runs["mlp"]) as b:
+        bitwise = diff_runs(a, b)
+        if bitwise.verdict == "identical":
+            pytest.skip("this torch computes what torch 2.11 did, bit for bit")
+    assert tolerant(SKETCHED_2_11, runs["mlp"])["verdict"] == "within-rounding"
+    first = tolerant(SKETCHED_2_11, runs["mlp_momentum"])["first_divergence"]
+    assert (first["kind"], first["step"]) == ("argument", 1)
+    assert "0.9 (A) vs 0.8 (B)" in first["summary"]
