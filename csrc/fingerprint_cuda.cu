@@ -348,7 +348,10 @@ __device__ __forceinline__ T warp_max(T v) {
   return v;
 }
 
-// The block's sketch sums reduced in a fixed tree into `out`.
+// The block's sketch sums reduced in a fixed tree into `out`: each value's warp sums are added
+// by a thread of its own (one thread adding them all would wait on 15 x 7 shared loads in
+// series, a cost every block of the many small launches pays), which writes and fences it
+// before publish()'s barrier; thread 0 publishes the sequence number after that barrier.
 template <int K>
 __device__ void publish_sketch(const ThreadSketch<K>& sk, SketchSums& out) {
   constexpr int kValues = 1 + kSketchBuckets;
@@ -364,14 +367,12 @@ __device__ void publish_sketch(const ThreadSketch<K>& sk, SketchSums& out) {
     if (lane == 0) s_values[v][warp] = values[v];
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int v = 0; v < kValues; ++v) {
-      for (int w = 1; w < kThreads / 32; ++w) values[v] += s_values[v][w];
-    }
-    out.squares = values[0];
-#pragma unroll
-    for (int b = 0; b < kSketchBuckets; ++b) out.buckets[b] = values[1 + b];
+  const int value = threadIdx.x;
+  if (value < kValues) {
+    double total = s_values[value][0];
+    for (int w = 1; w < kThreads / 32; ++w) total += s_values[value][w];
+    (value == 0 ? out.squares : out.buckets[value - 1]) = total;
+    __threadfence_system();
   }
 }
 

@@ -166,26 +166,25 @@ def test_gpu_sketch_equals_the_cpus(dtype: torch.dtype) -> None:
             _assert_same_sketch(_gpu_fields(d), fingerprint_fields(c))
 
 
-def test_gpu_sketch_of_batched_launches_equals_the_cpus() -> None:
-    """Contiguous tensors of one dtype fingerprinted together share launches (step-level
-    records, a _foreach_ op's list): each gets the CPU's sketch, a tensor with a NaN and an
-    -inf too (of its finite part)."""
-    import msgpack
-
-    from opguard.recorder import tensors as recorder_tensors
+def test_gpu_sketch_of_batched_launches_equals_the_cpus(tmp_path: Path) -> None:
+    """Contiguous tensors of one dtype fingerprinted together share launches (a _foreach_ op's
+    list; step-level entries carry no sketch): each input gets the CPU's sketch, a tensor with a
+    NaN and an -inf too (of its finite part)."""
+    import opguard
+    from opguard.store.reader import Run
 
     g = torch.Generator().manual_seed(5)
-    tensors = [_normal(s, d, g).cuda() for d in SKETCHED for s in [(5,), (33, 7), (4099,), (70,)]]
+    dtypes = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+    tensors = [_normal(s, d, g).cuda() for d in dtypes for s in [(5,), (33, 7), (4099,), (70,)]]
     tensors[1][3, 4] = float("nan")
     tensors[2][7] = -float("inf")
-    labels = [_C.state_label("param", i, "") for i in range(len(tensors))]
-    kernels_before = recorder_tensors._gpu().kernel_launches
-    packed = _C.pack_entries([recorder_tensors.fingerprint_all(tensors, labels)])
-    launches = recorder_tensors._gpu().kernel_launches - kernels_before
-    assert launches == len(SKETCHED)  # one per dtype
-    entries = msgpack.unpackb(packed)
-    for (_, _, _, entry), t in zip(entries, tensors, strict=True):
-        _assert_same_sketch(entry, fingerprint_fields(t.cpu()))
+    expected = [fingerprint_fields(t.cpu()) for t in tensors]
+    with opguard.record(tmp_path / "run"):
+        torch._foreach_zero_(tensors)
+    (op,) = [op for op in Run(tmp_path / "run").rank(0).ops() if op.op.startswith("aten::_foreach")]
+    assert len(op.inputs) == len(tensors)
+    for read, cpu in zip(op.inputs, expected, strict=True):
+        _assert_same_sketch({"w": read.sketch_bytes}, cpu)
 
 
 def test_a_foreach_list_shares_launches_and_equals_the_cpu(tmp_path: Path) -> None:

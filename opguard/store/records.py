@@ -93,7 +93,7 @@ class TensorRecord:
     @property
     def sketch(self) -> Sketch | None:
         """The tensor's sketch (norm and buckets, from which two runs' relative distance is
-        estimated); None where it has none (not floating point, NaN or Inf, an older trace)."""
+        estimated); None where it has none (not floating point, no finite value, an older trace)."""
         return decode_sketch(self.sketch_bytes) if self.sketch_bytes is not None else None
 
     @property

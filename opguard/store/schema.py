@@ -55,8 +55,8 @@ Tensor entry fields::
     z  logical byte length    m  stats [min, max, mean, absmax, nan, inf]
     p  producer [op index, output slot] (absent: leaf)    f  flags (FLAG_*)
     w  sketch: 60 bytes, the float32 L2 norm and 14 int32 buckets from which two runs' relative
-       distance is estimated (:mod:`opguard.store.sketch`); only floating-point tensors whose
-       values are all finite, and views holding their base's values in its order; absent in
+       distance is estimated (:mod:`opguard.store.sketch`); only floating-point tensors with a
+       finite value (NaN and Inf add 0), and views holding their base's values in its order; absent in
        traces recorded before it
 """
 
