@@ -397,6 +397,8 @@ class Judge:
             if pa is None and pb is None:
                 return Reason.LEAF, (pa, pb)
             if pa is not None and pb is not None and self._paired(pa[0], pb[0]):
+                if not (ta.is_view or tb.is_view):  # without decoding the producers
+                    return None, (pa, pb)
                 op_a, op_b = self.traces[0].op(pa[0]), self.traces[1].op(pb[0])
                 if not (_is_view(op_a, pa[1]) or _is_view(op_b, pb[1])):
                     return None, (pa, pb)
