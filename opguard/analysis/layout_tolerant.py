@@ -39,9 +39,7 @@ class StepAlignment(Alignment, Protocol):
 
     def step_of(self, index: int, side: int) -> int | None: ...
 
-    def step_ops(
-        self, step: int
-    ) -> tuple[tuple[list[int], list[int]], list[tuple[int, int]]]: ...
+    def step_ops(self, step: int) -> tuple[tuple[list[int], list[int]], list[tuple[int, int]]]: ...
 
 
 @dataclass

@@ -157,7 +157,9 @@ def layout_step(trace_a: RankTrace, trace_b: RankTrace, step: int, degree: int) 
         (columns[0].index[i], columns[1].index[j])
         for i, j in pairs_of(align_step(*columns, records_of(trace_a, trace_b)))
     ]
-    return layout_of((trace_a, trace_b), step, (columns[0].index, columns[1].index), matched, degree)
+    return layout_of(
+        (trace_a, trace_b), step, (columns[0].index, columns[1].index), matched, degree
+    )
 
 
 def layout_of(
