@@ -23,7 +23,8 @@ SKETCHED_2_11 = Path(__file__).parent / "data" / "cross_version" / "sketched" / 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tolerant_pairs")
-    return record_runs(root, ["fp32", "bf16", "bf16_eps", "mlp", "mlp_momentum"])
+    names = ["fp32", "bf16", "bf16_eps", "mlp", "mlp_momentum", "gpt", "gpt_flash", "gpt_scale"]
+    return record_runs(root, names)
 
 
 def tolerant(a: Path, b: Path) -> dict[str, Any]:
@@ -49,6 +50,29 @@ def test_a_changed_momentum_is_named_at_its_step(runs: dict[str, Path]) -> None:
     first = tolerant(runs["mlp"], runs["mlp_momentum"])["first_divergence"]
     assert (first["kind"], first["step"], first["a"]["phase"]) == ("argument", 1, "optimizer")
     assert "0.9 (A) vs 0.8 (B)" in first["summary"]
+
+
+def test_another_attention_backend_is_within_rounding(runs: dict[str, Path]) -> None:
+    """Math attention (a dozen ops, its gradients transposed views nothing reads) against the
+    fused flash kernel (one op): the ops of one run only are judged as a region, through the
+    views, and the views' gradients are bounded by the stack that moves them."""
+    out = tolerant(runs["gpt"], runs["gpt_flash"])
+    assert out["verdict"] == "within-rounding"
+    assert out["ranks"][0]["rounding"]["explained"] > 100
+
+
+def test_a_changed_softmax_scale_behind_the_backend_is_named_in_the_forward(
+    runs: dict[str, Path],
+) -> None:
+    """Behind the other backend, a softmax scale of 0.2: the attention's output differs beyond
+    rounding where the first aligned op reads it (the projection), through the views and the
+    copy between them, and the ops that computed it are named: not a view, not the backward."""
+    first = tolerant(runs["gpt"], runs["gpt_scale"])["first_divergence"]
+    assert (first["kind"], first["cause"], first["step"]) == ("structure", "replaced", 0)
+    assert first["a"]["op"] == "aten::bmm.default"  # the math attention's last op, in run A
+    assert "flash_attention" in first["b"]["op"]  # replaced by the fused kernel in run B
+    assert first["a"]["phase"] == first["b"]["phase"] == "forward"
+    assert "feeds the divergence at aten::addmm.default at gpt_numerics.py:43" in first["summary"]
 
 
 @pytest.mark.skipif(not SKETCHED_2_11.is_dir(), reason="the torch 2.11 recording is not here")

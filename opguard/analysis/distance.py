@@ -53,11 +53,15 @@ class Distance:
     norm_b: float | None
     resolved: bool
     exact: bool = False
+    bound: bool = False  # at most ``estimate``: bounded by other tensors, not measured
 
     def text(self) -> str:
-        """``3.2e-07 (2.5e-07–4.7e-07)``, ``≤ 3.0e-08`` below the floor, ``0`` when equal."""
+        """``3.2e-07 (2.5e-07–4.7e-07)``, ``≤ 3.0e-08`` below the floor or for a bound, ``0``
+        when equal."""
         if self.exact:
             return "0"
+        if self.bound:
+            return f"≤ {self.estimate:.1e}"
         if not self.resolved:
             return f"≤ {self.floor:.1e}"
         return f"{self.estimate:.1e} ({self.low:.1e}–{self.high:.1e})"
@@ -71,6 +75,7 @@ class Distance:
             "norm_a": self.norm_a,
             "norm_b": self.norm_b,
             "resolved": self.resolved,
+            "bound": self.bound,
         }
 
 

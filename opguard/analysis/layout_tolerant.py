@@ -193,18 +193,16 @@ class LayoutJudge:
         for tensors in pair.compared:
             if tensors.equal:
                 continue
-            ta, tb = self._entry(Side.A, tensors.a), self._entry(Side.B, tensors.b)
+            ta, tb = self._output(Side.A, tensors.a), self._output(Side.B, tensors.b)
             what = f"output '{ta.slot}', summed from shards that are not compared by value"
-            judged = self._judge.region_output(op_a, op_b, ta, tb, what)
+            judged = self._judge.region_output(op_a, op_b, (ta, tb), (tensors.a, tensors.b), what)
             if judged is not None:
                 side = Side.A if tensors.a[0] != op_a.index else Side.B
                 return replace(judged, producers=_only(side, tensors))
         return None
 
-    def _entry(self, side: Side, tensor: Tensor) -> TensorRecord:
-        """Output ``tensor`` as a reader sees it: with its producer."""
-        written = self.traces[side.value].op(tensor[0]).outputs[tensor[1]]
-        return replace(written, producer=tensor)
+    def _output(self, side: Side, tensor: Tensor) -> TensorRecord:
+        return self.traces[side.value].op(tensor[0]).outputs[tensor[1]]
 
 
 def _only(side: Side, tensors: TensorPair) -> tuple[Tensor | None, Tensor | None]:

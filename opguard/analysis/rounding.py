@@ -65,6 +65,45 @@ DIVIDING_OPS = frozenset(
 )
 
 
+# Ops that compute nothing (overload, ``aten::`` and a trailing ``_`` left out): each output
+# holds values of its inputs, moved or repeated (a view, a copy, a concatenation), so it rounds
+# nothing and cannot make a difference of its own; where an output differs, an input does.
+MOVING_OPS = frozenset(
+    {"view", "_unsafe_view", "reshape", "_reshape_alias", "alias", "detach", "lift_fresh"}
+    | {"t", "transpose", "permute", "swapaxes", "expand", "unsqueeze", "squeeze"}
+    | {"flatten", "unflatten", "slice", "select", "narrow", "unbind", "split", "chunk"}
+    | {"split_with_sizes", "as_strided", "clone", "contiguous", "copy", "cat", "stack"}
+)
+
+
+def moves(op: OpRecord) -> bool:
+    """Whether ``op`` only moves values: a moving op whose tensors are all of one dtype (a copy
+    into another dtype rounds)."""
+    tensors = (*op.inputs, *op.outputs)
+    return base_name(op.op).removesuffix("_") in MOVING_OPS and len({t.dtype for t in tensors}) == 1
+
+
+# Moving ops whose outputs hold only a part of their input (the others hold every value).
+SELECTING_OPS = frozenset(
+    {"slice", "select", "narrow", "unbind", "split", "split_with_sizes", "chunk", "as_strided"}
+)
+
+
+def keeps_every_value(op: OpRecord) -> bool:
+    """Whether ``op`` only moves values and its outputs hold every value of its inputs, so
+    that an input differs by no more than the outputs do (a ``stack``, a transpose)."""
+    return moves(op) and base_name(op.op).removesuffix("_") not in SELECTING_OPS
+
+
+def data_input(op: OpRecord) -> int | None:
+    """The input whose values the outputs of moving op ``op`` hold (``copy_``'s source, else
+    the first); None where they hold several inputs' (``cat``, ``stack``)."""
+    name = base_name(op.op).removesuffix("_")
+    if name in ("cat", "stack"):
+        return None
+    return 1 if name == "copy" else 0
+
+
 def divides(op: str) -> bool:
     """Whether op ``op`` (``aten::addcdiv_.default``) divides by a tensor."""
     return base_name(op).removesuffix("_") in DIVIDING_OPS

@@ -12,7 +12,9 @@ distances (:mod:`.distance`) whether rounding explains it:
 - an input that no recorded op produced (data, initial parameters), or that an op of one run
   only wrote, must be within rounding of its own: ``R * u`` for a leaf, ``A * d + R * u`` for
   a tensor written by ops of one run only, ``d`` the largest distance of the aligned tensors
-  those ops read (``leaf``, ``structure``); an input an aligned op wrote was judged there;
+  those ops read (``leaf``, ``structure``); an input an aligned op wrote was judged there,
+  unless that op's output is a view (which judges nothing): views are followed back to where
+  their values were written, and the ops that computed them are the ones named;
 - the outputs' distance ``d_out`` (the largest) must be within ``A * d_in + R * u``, ``d_in``
   the largest distance of the inputs (0 when they are equal), ``u`` the op's unit roundoff
   (:mod:`.rounding`); else the op made the difference (``origin``, with its amplification
@@ -22,7 +24,8 @@ distances (:mod:`.distance`) whether rounding explains it:
 - with a fixed bound (``--tolerant=REL``) every distance above is compared with ``REL``.
 
 A tensor whose distance is needed and unknown (no sketch: a trace recorded before sketches,
-no finite value; shapes that differ) is never guessed: the op is not explained, and the
+no finite value; shapes that differ) is never guessed (a view nothing read is bounded where an
+op that only moves values, a ``stack``, reads it: at most its outputs' difference): the op is not explained, and the
 bitwise answer is given for it, saying that the distance is unknown.
 
 Cost: records are decoded only where fingerprints differ (as the bitwise walk decodes the first
@@ -42,8 +45,11 @@ from ..store import OpRecord, RankTrace, TensorRecord
 from .distance import EQUAL, Distance, finite, tensor_distance
 from .divergence import Alignment, ArgumentDiff, Divergence, Explainer, differing_arguments
 from .divergence import differing_tensors as differing
-from .rounding import divides, dtype_unit, op_unit
+from .rounding import data_input, divides, dtype_unit, keeps_every_value, moves, op_unit
 from .verdict import Cause, Kind, Side
+
+Producer = tuple[int, int]  # (op index, output slot)
+Producers = tuple[Producer | None, Producer | None]  # in A, in B
 
 # The rule's constants: d_out <= A * d_in + R * u. A bounds how much an op may amplify its
 # inputs' relative difference (a well-conditioned op: its condition number); R how many of its
@@ -151,7 +157,7 @@ class Judgement:
     what: str  # one sentence: what exceeded what
     slot: str = ""
     tensor: Distance | None = None
-    producers: tuple[tuple[int, int] | None, tuple[int, int] | None] = (None, None)
+    producers: Producers = (None, None)
     discrete_inputs: tuple[str, ...] = ()  # integer/bool inputs that differ (flips upstream)
 
     @property
@@ -277,21 +283,27 @@ class Judge:
         return div
 
     def region_output(
-        self, op_a: OpRecord, op_b: OpRecord, ta: TensorRecord, tb: TensorRecord, what: str
+        self,
+        op_a: OpRecord,
+        op_b: OpRecord,
+        tensors: tuple[TensorRecord, TensorRecord],
+        producers: Producers,
+        what: str,
     ) -> Judgement | None:
-        """Rule 2 for tensors ``ta``/``tb`` (with their producers) that aligned ops
-        ``op_a``/``op_b`` stand for but ops the alignment does not pair wrote: a partial sum
-        made whole by a collective one parallel layout has (:mod:`.layout_tolerant`). They
-        must be within ``A * d + R * u`` of the aligned tensors those ops read; ``what`` names
-        them in the judgement's sentence. None when rounding explains them."""
+        """Rule 2 for ``tensors`` that aligned ops ``op_a``/``op_b`` stand for but ops the
+        alignment does not pair wrote (``producers``): a partial sum made whole by a
+        collective one parallel layout has (:mod:`.layout_tolerant`). They must be within
+        ``A * d + R * u`` of the aligned tensors those ops read; ``what`` names them in the
+        judgement's sentence. None when rounding explains them."""
+        ta, tb = tensors
         unit = op_unit(op_a, op_b, self.environments)
-        distance = tensor_distance(ta, tb)
+        distance = self._distance(ta, tb)
         if distance is None:
             self.found.unknown_steps.add(op_a.step)
             return _unknown(ta.slot, "output", _why_unknown(ta, tb), unit)
-        self._note(op_a, distance.estimate)
+        self._drift(op_a, distance.estimate)
         judged = self._source_judgement(
-            ta.slot, ta, tb, distance, Reason.STRUCTURE, unit, what=what
+            ta.slot, tensors, distance, Reason.STRUCTURE, producers, unit, what=what
         )
         if judged is None:
             self.found.explained += 1
@@ -332,17 +344,40 @@ class Judge:
             if not _floating(ta, tb):
                 discrete.append(d.slot)
                 continue
-            distance = tensor_distance(ta, tb) or self._through_views(ta, tb)
+            distance = self._distance(ta, tb) or self._bound_by_outputs(op_a, op_b, tb)
             if distance is None:
                 return EQUAL, _unknown(d.slot, "input", _why_unknown(ta, tb), unit), ()
-            source = self._source(ta, tb)
+            source, producers = self._source(ta, tb)
             if source is not None:
-                judged = self._source_judgement(d.slot, ta, tb, distance, source, unit)
+                judged = self._source_judgement(d.slot, (ta, tb), distance, source, producers, unit)
                 if judged is not None:
                     return EQUAL, judged, ()
             if d_in.exact or distance.estimate > d_in.estimate:
                 d_in = distance
         return d_in, None, tuple(discrete)
+
+    def _distance(self, ta: TensorRecord, tb: TensorRecord) -> Distance | None:
+        """Two runs' entries' distance, from their sketches or their bases'."""
+        return tensor_distance(ta, tb) or self._through_views(ta, tb)
+
+    def _bound_by_outputs(
+        self, op_a: OpRecord, op_b: OpRecord, tb: TensorRecord
+    ) -> Distance | None:
+        """The distance of an input that has none (a view nothing read, so without a sketch of
+        its own: a math attention's transposed gradient) bounded by the outputs of the aligned
+        op that moves it (a ``stack``): they hold the input's difference, so it is at most
+        theirs, taken relative to the input's norm in run B. None where that is not known."""
+        moved = keeps_every_value(op_a) and keeps_every_value(op_b) and op_a.outputs
+        if not moved or tb.sketch is None or not tb.sketch.norm:
+            return None
+        norm, estimate, high = tb.sketch.norm, 0.0, 0.0
+        for oa, ob in zip(op_a.outputs, op_b.outputs, strict=False):
+            output = self._distance(oa, ob)
+            if output is None:
+                return None
+            scale = (output.norm_a or 0.0) / norm  # 0 for equal outputs
+            estimate, high = max(estimate, output.estimate * scale), max(high, output.high * scale)
+        return Distance(estimate, 0.0, high, 0.0, None, norm, True, bound=True)
 
     def _through_views(self, ta: TensorRecord, tb: TensorRecord) -> Distance | None:
         """Two views' distance as their bases'. A view's fingerprint is derived from its
@@ -378,42 +413,51 @@ class Judge:
             entry = op.inputs[0]
         return None
 
-    def _source(self, ta: TensorRecord, tb: TensorRecord) -> Reason | None:
-        """LEAF or STRUCTURE for an input rounding must explain by itself; None for one an
-        aligned pair wrote (judged there)."""
-        pa, pb = ta.producer, tb.producer
+    def _source(self, ta: TensorRecord, tb: TensorRecord) -> tuple[Reason | None, Producers]:
+        """LEAF or STRUCTURE for an input rounding must explain by itself, with the ops that
+        wrote it; None for one an aligned pair wrote (judged there). An aligned pair whose
+        outputs are views was not judged (a view's values are its base's): the views are
+        followed back to where their values were written."""
         align = self.alignment
-        if pa is None and pb is None:
-            return Reason.LEAF
-        if (
-            pa is not None
-            and pb is not None
-            and align.b_of(pa[0]) == pb[0]
-            and (pa[0], pb[0]) not in self._unpaired
-        ):
-            return None
-        if (pa is None or not align.compared(pa[0], 0)) and (
-            pb is None or not align.compared(pb[0], 1)
-        ):
-            return Reason.LEAF  # made before the compared steps (--step): as data
-        return Reason.STRUCTURE
+        for _ in range(MAX_VIEW_CHAIN):
+            pa, pb = ta.producer, tb.producer
+            if pa is None and pb is None:
+                return Reason.LEAF, (pa, pb)
+            if pa is not None and pb is not None and self._paired(pa[0], pb[0]):
+                op_a, op_b = self.traces[0].op(pa[0]), self.traces[1].op(pb[0])
+                if not (_is_view(op_a, pa[1]) or _is_view(op_b, pb[1])):
+                    return None, (pa, pb)
+                if not (op_a.inputs and op_b.inputs):
+                    break
+                ta, tb = op_a.inputs[0], op_b.inputs[0]
+                continue
+            if (pa is None or not align.compared(pa[0], 0)) and (
+                pb is None or not align.compared(pb[0], 1)
+            ):
+                return Reason.LEAF, (pa, pb)  # made before the compared steps (--step): as data
+            return Reason.STRUCTURE, (pa, pb)
+        return None, (ta.producer, tb.producer)
+
+    def _paired(self, index_a: int, index_b: int) -> bool:
+        """Whether A's op ``index_a`` and B's ``index_b`` are one op in both runs."""
+        return self.alignment.b_of(index_a) == index_b and (index_a, index_b) not in self._unpaired
 
     def _source_judgement(
         self,
         slot: str,
-        ta: TensorRecord,
-        tb: TensorRecord,
+        tensors: tuple[TensorRecord, TensorRecord],
         distance: Distance,
         source: Reason,
+        producers: Producers,
         unit: float | None,
         what: str = "",
     ) -> Judgement | None:
-        own = max((u for t in (ta, tb) if (u := dtype_unit(t.dtype)) is not None), default=None)
+        own = max((u for t in tensors if (u := dtype_unit(t.dtype)) is not None), default=None)
         if source is Reason.LEAF:
             limit = self.tolerance.limit(0.0, own)
             what = f"input '{slot}', which no recorded op produced"
         else:
-            region, region_unit, dividing = self._region((ta.producer, tb.producer))
+            region, region_unit, dividing = self._region(producers)
             unit = max((u for u in (unit, region_unit) if u is not None), default=None)
             limit = self.tolerance.limit(region, unit, dividing)
             what = what or f"input '{slot}', written by ops of one run only"
@@ -429,43 +473,66 @@ class Judge:
             f"({limit:.2g})",
             slot=slot,
             tensor=distance,
-            producers=(ta.producer, tb.producer),
+            producers=(
+                self._computing(Side.A, producers[0]),
+                self._computing(Side.B, producers[1]),
+            ),
         )
 
-    def _region(
-        self, producers: tuple[tuple[int, int] | None, tuple[int, int] | None]
-    ) -> tuple[float, float | None, bool]:
+    def _region(self, producers: Producers) -> tuple[float, float | None, bool]:
         """Of the ops of one run only that wrote an input (followed back through other such
-        ops): the largest distance of the aligned ops' outputs they read, the coarsest unit
-        roundoff of their own tensors (a cast to bfloat16 only one run has rounds at
-        bfloat16), and whether one of them divides by a tensor."""
+        ops, and through aligned ops whose outputs are views, which judged nothing): the
+        largest distance of the aligned ops' outputs they read, the coarsest unit roundoff of
+        their own tensors (a cast to bfloat16 only one run has rounds at bfloat16), and
+        whether one of them divides by a tensor."""
         largest, unit, dividing = 0.0, None, False
         for side, produced in zip(Side, producers, strict=True):
             if produced is None:
                 continue
             partner = self.alignment.b_of if side is Side.A else self.alignment.a_of
             trace = self.traces[side.value]
-            pending, seen = [produced[0]], {produced[0]}
+            pending, seen = [produced], {produced[0]}
             while pending and len(seen) <= MAX_REGION:
-                index = pending.pop()
+                index, slot = pending.pop()
+                op = trace.op(index)
                 other = partner(index)
                 pair = (index, other) if side is Side.A else (other, index)
                 if pair in self._unpaired:
                     other = None
-                if other is not None:
+                if other is not None and not self._views(side, index, other, slot):
                     largest = max(largest, self._aligned_distance(side, index, other))
                     continue
-                op = trace.op(index)
-                dividing = dividing or divides(op.op)
-                for t in (*op.inputs, *op.outputs):
-                    own = dtype_unit(t.dtype)
-                    if own is not None and (unit is None or own > unit):
-                        unit = own
+                if other is None and not moves(op):
+                    dividing = dividing or divides(op.op)
+                    for t in (*op.inputs, *op.outputs):
+                        own = dtype_unit(t.dtype)
+                        if own is not None and (unit is None or own > unit):
+                            unit = own
                 for t in op.inputs:
                     if t.producer is not None and t.producer[0] not in seen:
                         seen.add(t.producer[0])
-                        pending.append(t.producer[0])
+                        pending.append(t.producer)
         return largest, unit, dividing
+
+    def _views(self, side: Side, index: int, other: int, slot: int) -> bool:
+        """Whether output ``slot`` of the aligned pair of ``side``'s op ``index`` and the other
+        run's ``other`` is a view in either run (a pair whose outputs were not judged)."""
+        mine = self.traces[side.value].op(index)
+        theirs = self.traces[1 - side.value].op(other)
+        return _is_view(mine, slot) or _is_view(theirs, slot)
+
+    def _computing(self, side: Side, producer: Producer | None) -> Producer | None:
+        """The op that computed the values ``producer`` wrote: followed back through ops that
+        only move values (views, copies) to the one that made them, the op to name."""
+        for _ in range(MAX_VIEW_CHAIN):
+            if producer is None:
+                return None
+            op = self.traces[side.value].op(producer[0])
+            source = data_input(op) if moves(op) else 0 if _is_view(op, producer[1]) else None
+            if source is None or source >= len(op.inputs) or op.inputs[source].producer is None:
+                return producer
+            producer = op.inputs[source].producer
+        return producer
 
     def _aligned_distance(self, side: Side, index: int, other: int) -> float:
         """The largest distance between the outputs of an aligned pair (0 where unknown: the
@@ -474,7 +541,7 @@ class Judge:
         ops = (mine, theirs) if side is Side.A else (theirs, mine)
         largest = 0.0
         for ta, tb in zip(ops[0].outputs, ops[1].outputs, strict=False):
-            distance = tensor_distance(ta, tb) or self._through_views(ta, tb)
+            distance = self._distance(ta, tb)
             if distance is not None:
                 largest = max(largest, distance.estimate)
         return largest
@@ -511,7 +578,7 @@ class Judge:
         dividing = divides(op_a.op) or divides(op_b.op)
         budget = self.tolerance.limit(0.0 if d_in.exact else d_in.estimate, unit, dividing)
         if d_out is not None:
-            self._note(op_a, d_out.estimate)
+            self._drift(op_a, d_out.estimate)
             if d_out.estimate > budget:
                 return Judgement(
                     Reason.AMPLIFIED,
@@ -526,13 +593,14 @@ class Judge:
         self.found.flips += flips
         return None
 
-    def _note(self, op_a: OpRecord, distance: float) -> None:
+    def _drift(self, op_a: OpRecord, distance: float) -> None:
+        """Keeps ``distance`` as its step's drift where it is the step's largest so far."""
         drift = self.found.drift
         drift[op_a.step] = max(drift.get(op_a.step, 0.0), distance)
 
 
 MAX_REGION = 64  # ops of one run only followed back from an input they wrote
-MAX_VIEW_CHAIN = 16  # views of views followed back to a base with a sketch
+MAX_VIEW_CHAIN = 16  # views (and moves) followed back to a base, a writer or a computing op
 
 
 def _amplified_text(d_out: Distance, d_in: Distance, budget: float, tolerance: Tolerance) -> str:
@@ -556,6 +624,11 @@ def _same_shapes(op_a: OpRecord, op_b: OpRecord) -> bool:
     return [t.shape for t in op_a.inputs] == [t.shape for t in op_b.inputs] and [
         t.shape for t in op_a.outputs
     ] == [t.shape for t in op_b.outputs]
+
+
+def _is_view(op: OpRecord, slot: int) -> bool:
+    """Whether ``op``'s output ``slot`` is a view (its values are its base's)."""
+    return 0 <= slot < len(op.outputs) and op.outputs[slot].is_view
 
 
 def _floating(ta: TensorRecord, tb: TensorRecord) -> bool:
