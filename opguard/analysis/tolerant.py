@@ -24,9 +24,9 @@ distances (:mod:`.distance`) whether rounding explains it:
 - with a fixed bound (``--tolerant=REL``) every distance above is compared with ``REL``.
 
 A tensor whose distance is needed and unknown (no sketch: a trace recorded before sketches,
-no finite value; shapes that differ) is never guessed (a view nothing read is bounded where an
-op that only moves values, a ``stack``, reads it: at most its outputs' difference): the op is not explained, and the
-bitwise answer is given for it, saying that the distance is unknown.
+no finite value; shapes that differ) is never guessed: the op is not explained, and the
+bitwise answer is given for it, saying that the distance is unknown. (A view nothing read is
+bounded where an op that only moves values, a ``stack``, reads it: by its outputs' distance.)
 
 Cost: records are decoded only where fingerprints differ (as the bitwise walk decodes the first
 difference), and each judgement is a few sketch distances; the walk stays linear.
@@ -499,7 +499,7 @@ class Judge:
                 pair = (index, other) if side is Side.A else (other, index)
                 if pair in self._unpaired:
                     other = None
-                if other is not None and not self._views(side, index, other, slot):
+                if other is not None and not self._views(side, op, other, slot):
                     largest = max(largest, self._aligned_distance(side, index, other))
                     continue
                 if other is None and not moves(op):
@@ -514,12 +514,10 @@ class Judge:
                         pending.append(t.producer)
         return largest, unit, dividing
 
-    def _views(self, side: Side, index: int, other: int, slot: int) -> bool:
-        """Whether output ``slot`` of the aligned pair of ``side``'s op ``index`` and the other
-        run's ``other`` is a view in either run (a pair whose outputs were not judged)."""
-        mine = self.traces[side.value].op(index)
-        theirs = self.traces[1 - side.value].op(other)
-        return _is_view(mine, slot) or _is_view(theirs, slot)
+    def _views(self, side: Side, op: OpRecord, other: int, slot: int) -> bool:
+        """Whether output ``slot`` of the aligned pair of ``side``'s ``op`` and the other run's
+        op ``other`` is a view in either run (a pair whose outputs were not judged)."""
+        return _is_view(op, slot) or _is_view(self.traces[1 - side.value].op(other), slot)
 
     def _computing(self, side: Side, producer: Producer | None) -> Producer | None:
         """The op that computed the values ``producer`` wrote: followed back through ops that
