@@ -108,3 +108,12 @@ def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         _, err = recording.communicate(timeout=300)
         assert recording.returncode == 0, err
     return runs
+
+
+@pytest.fixture(scope="session")
+def tp_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``tests/data/tolerant/tp_mlp.py`` as TP=1, TP=2 (gloo, DTensor) and TP=2 with its
+    sharding bug, recorded once per session for every test of layouts (all at once)."""
+    from tolerant_runs import record_runs
+
+    return record_runs(tmp_path_factory.mktemp("tp"), ["tp1", "tp2", "tp2_bug"])

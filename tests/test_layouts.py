@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tolerant_runs import record_runs
 
 from opguard.analysis.layouts import (
     LAYOUT_ONLY,
@@ -31,11 +30,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 STEPS = (0, 1, 2)
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return record_runs(tmp_path_factory.mktemp("layouts"), ["tp1", "tp2", "tp2_bug"])
 
 
 @pytest.mark.parametrize(
@@ -69,9 +63,9 @@ def test_ranks_pair_against_the_single_rank_run_and_say_when_they_cannot() -> No
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_every_tp_rank_aligns_op_for_op_with_the_single_process_by_call_site(
-    runs: dict[str, Path], rank: int
+    tp_runs: dict[str, Path], rank: int
 ) -> None:
-    with Run(runs["tp1"]) as one, Run(runs["tp2"]) as two:
+    with Run(tp_runs["tp1"]) as one, Run(tp_runs["tp2"]) as two:
         single, sharded = one.rank(0), two.rank(rank)
         for step in STEPS:
             layout = layout_step(single, sharded, step, 2)
@@ -84,13 +78,13 @@ def test_every_tp_rank_aligns_op_for_op_with_the_single_process_by_call_site(
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_ops_only_the_tp_run_has_are_its_layout_once_training_runs(
-    runs: dict[str, Path], rank: int
+    tp_runs: dict[str, Path], rank: int
 ) -> None:
     """From step 1 on, every op only TP=2 has is a collective, a reshaping view or DTensor's
     meta op, or the replicated bias divided by two before the row-wise matmul; at step 0 the
     device mesh's set-up is read by nothing the model computes, and the slices that cut each
     rank's shard out of the full weights are selections, whose offsets are not checked."""
-    with Run(runs["tp1"]) as one, Run(runs["tp2"]) as two:
+    with Run(tp_runs["tp1"]) as one, Run(tp_runs["tp2"]) as two:
         single, sharded = one.rank(0), two.rank(rank)
         for step in STEPS:
             only = layout_step(single, sharded, step, 2).only
@@ -104,9 +98,9 @@ def test_ops_only_the_tp_run_has_are_its_layout_once_training_runs(
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_partial_sums_compare_after_their_all_reduce_and_shards_say_why_not(
-    runs: dict[str, Path], rank: int
+    tp_runs: dict[str, Path], rank: int
 ) -> None:
-    with Run(runs["tp1"]) as one, Run(runs["tp2"]) as two:
+    with Run(tp_runs["tp1"]) as one, Run(tp_runs["tp2"]) as two:
         single, sharded = one.rank(0), two.rank(rank)
         layout = layout_step(single, sharded, 1, 2)
         by_name: dict[str, list] = {}
@@ -137,13 +131,13 @@ def test_partial_sums_compare_after_their_all_reduce_and_shards_say_why_not(
 
 
 def test_a_shard_loaded_from_the_wrong_offset_is_not_compared_as_if_it_were_known(
-    runs: dict[str, Path],
+    tp_runs: dict[str, Path],
 ) -> None:
     """The bug's slice of the checkpoint (offset 0 instead of 128 on rank 1) is a selection
     only TP=2 has, and the copy into fc2.weight's local shard a shard: neither is called
     layout-only or equal; the first all-reduced value after it (fc2's output) is the first
     compared tensor to differ on both ranks."""
-    with Run(runs["tp1"]) as one, Run(runs["tp2_bug"]) as two:
+    with Run(tp_runs["tp1"]) as one, Run(tp_runs["tp2_bug"]) as two:
         single = one.rank(0)
         for rank in (0, 1):
             sharded = two.rank(rank)

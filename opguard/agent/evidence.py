@@ -89,8 +89,8 @@ def build_evidence(
     elif div is None:
         lines.append(f"verdict: {result.verdict} ({len(result.ranks)} rank(s) compared)")
     else:
-        traces = (run_a.rank(div.rank), run_b.rank(div.rank))
         rank = next(r for r in result.ranks if r.rank == div.rank)
+        traces = (run_a.rank(rank.trace_ranks[0]), run_b.rank(rank.trace_ranks[1]))
         unaligned = _unaligned_near(div, rank, traces)
         lines += _divergence_lines(div, traces, unaligned)
     judged = result.first_judgement

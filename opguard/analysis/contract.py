@@ -232,6 +232,7 @@ def rank_json(r: RankDiff) -> dict[str, Any]:
             if r.tolerance is not None
             else {}
         ),
+        "layout": r.layout.to_json() if r.layout is not None else None,
     }
 
 

@@ -23,6 +23,8 @@ from .align import AlignReader, align_step, pairs_of, records_of
 from .compilation import known_difference
 from .divergence import Divergence, Explainer
 from .keys import KeyTable, LightReader, OpColumns
+from .layout_tolerant import LayoutAlignment, LayoutCounts, LayoutJudge
+from .layouts import LayoutReader, layout_degree, rank_pairs
 from .myers import Run as MatchRun
 from .nonfinite import Nonfinite, NonfiniteWatch, resolve, same_in_both
 from .reach import ABSORBED_SHOWN, Absorbed, Reach
@@ -88,6 +90,17 @@ class RankDiff:
     ops_compared: bool = True
     # --tolerant: what rounding explained (``first`` then is the first op it does not explain)
     tolerance: RankTolerance | None = None
+    # --tolerant across parallel layouts: the ranks compared (``rank`` is the multi-rank
+    # run's) and what was compared by value
+    layout: LayoutCounts | None = None
+
+    @property
+    def trace_ranks(self) -> tuple[int, int]:
+        """The rank of run A and of run B compared (across layouts, the single-rank run's
+        one rank against each rank of the other)."""
+        if self.layout is not None:
+            return self.layout.rank_a, self.layout.rank_b
+        return self.rank, self.rank
 
     @property
     def state_first(self) -> StepDivergence | None:
@@ -137,17 +150,17 @@ def _steps(reader: LightReader, only: int | None) -> Iterator[tuple[int, OpColum
 class _StepPairs:
     """The aligned pairs of one step by op index, mapped on first use."""
 
-    __slots__ = ("_index_a", "_index_b", "_maps", "_runs")
+    __slots__ = ("_maps", "_runs", "index_a", "index_b")
 
     def __init__(self, index_a: list[int], index_b: list[int], runs: list[MatchRun]) -> None:
-        self._index_a, self._index_b, self._runs = index_a, index_b, runs
+        self.index_a, self.index_b, self._runs = index_a, index_b, runs
         self._maps: tuple[dict[int, int], dict[int, int]] | None = None
 
     def maps(self) -> tuple[dict[int, int], dict[int, int]]:
         if self._maps is None:
             a_to_b: dict[int, int] = {}
             for i, j, n in self._runs:
-                a_to_b.update(zip(self._index_a[i : i + n], self._index_b[j : j + n], strict=True))
+                a_to_b.update(zip(self.index_a[i : i + n], self.index_b[j : j + n], strict=True))
             self._maps = (a_to_b, {b: a for a, b in a_to_b.items()})
         return self._maps
 
@@ -176,7 +189,8 @@ class _StepAlignments:
             self._cache.popitem(last=False)
         return pairs
 
-    def _step_of(self, index: int, side: int) -> int | None:
+    def step_of(self, index: int, side: int) -> int | None:
+        """The compared step holding op ``index`` of run A (side 0) or B (side 1)."""
         # Latest first: the ops asked about (producers of what is being read) are recent.
         for step, ranges in reversed(self._ranges.items()):
             lo, hi = ranges[side]
@@ -186,17 +200,22 @@ class _StepAlignments:
 
     def compared(self, index: int, side: int) -> bool:
         """Whether op ``index`` of run A (side 0) or B (side 1) lies in a compared step."""
-        return self._step_of(index, side) is not None
+        return self.step_of(index, side) is not None
 
     def b_of(self, a_index: int) -> int | None:
-        step = self._step_of(a_index, 0)
-        return None if step is None else self._mappings(step)[0].get(a_index)
+        step = self.step_of(a_index, 0)
+        return None if step is None else self._pairs(step).maps()[0].get(a_index)
 
     def a_of(self, b_index: int) -> int | None:
-        step = self._step_of(b_index, 1)
-        return None if step is None else self._mappings(step)[1].get(b_index)
+        step = self.step_of(b_index, 1)
+        return None if step is None else self._pairs(step).maps()[1].get(b_index)
 
-    def _mappings(self, step: int) -> tuple[dict[int, int], dict[int, int]]:
+    def step_ops(self, step: int) -> tuple[tuple[list[int], list[int]], list[tuple[int, int]]]:
+        """A compared step's op indices in each run, and its aligned pairs (op indices)."""
+        pairs = self._pairs(step)
+        return (pairs.index_a, pairs.index_b), list(pairs.maps()[0].items())
+
+    def _pairs(self, step: int) -> _StepPairs:
         pairs = self._cache.get(step)
         if pairs is None:
             (alo, ahi), (blo, bhi) = self._ranges[step]
@@ -204,7 +223,7 @@ class _StepAlignments:
             ops_a, ops_b = ra.read(alo, ahi), rb.read(blo, bhi)
             runs = align_step(ops_a, ops_b, self._fetch)
             pairs = self._remember(step, _StepPairs(ops_a.index, ops_b.index, runs))
-        return pairs.maps()
+        return pairs
 
 
 def diff_rank(
@@ -213,12 +232,16 @@ def diff_rank(
     *,
     step: int | None = None,
     tolerance: Tolerance | None = None,
+    layout: tuple[int, int] | None = None,
 ) -> RankDiff:
     """One rank of both runs: op by op where both recorded ops, step by step where either run
     recorded step-level records only; the step-level records, where both runs hold them, are
     compared as well (the first differing step, and whether the state already differed when
     the op records began). ``tolerance``: differences rounding explains are not divergences
-    (:mod:`.tolerant`; op records only: step-level records are compared bit for bit)."""
+    (:mod:`.tolerant`; op records only: step-level records are compared bit for bit).
+    ``layout`` (with a tolerance): (degree, rank reported) of two ranks of runs in parallel
+    layouts that differ by that degree: ops align by call site and the rank of shapes, and
+    tensors compare by logical value (:mod:`.layout_tolerant`)."""
     if by_steps_only(trace_a, trace_b):
         result = _diff_steps_only(trace_a, trace_b, step)
         if tolerance is not None:
@@ -227,7 +250,7 @@ def diff_rank(
                 "compared bit for bit"
             )
     else:
-        result = _diff_ops(trace_a, trace_b, step, tolerance)
+        result = _diff_ops(trace_a, trace_b, step, tolerance, layout)
         if trace_a.has_steps and trace_b.has_steps:
             result.states = compare_states(trace_a, trace_b, step=step)
             result.notes.extend(result.states.notes)
@@ -289,17 +312,32 @@ def _before_the_ops(result: RankDiff) -> list[str]:
 
 
 def _diff_ops(
-    trace_a: RankTrace, trace_b: RankTrace, step: int | None, tolerance: Tolerance | None
+    trace_a: RankTrace,
+    trace_b: RankTrace,
+    step: int | None,
+    tolerance: Tolerance | None,
+    layout: tuple[int, int] | None,
 ) -> RankDiff:
     table = KeyTable()
     # NaN/Inf origins come with the same scan; with --step the scan covers part of the runs.
     watches = (NonfiniteWatch(), NonfiniteWatch()) if step is None else (None, None)
-    reader_a = AlignReader(trace_a, table, watches[0])
-    reader_b = AlignReader(trace_b, table, watches[1])
+    layout = layout if tolerance is not None else None  # layouts are judged by --tolerant
+    reader = AlignReader if layout is None else LayoutReader
+    reader_a = reader(trace_a, table, watches[0])
+    reader_b = reader(trace_b, table, watches[1])
     result = RankDiff(rank=trace_a.rank)
     alignments = _StepAlignments(reader_a, reader_b)
+    traces = (trace_a, trace_b)
+    judge: Judge | LayoutJudge | None = None
     explainer = Explainer(trace_a, trace_b, alignments)
-    judge = None if tolerance is None else Judge(tolerance, (trace_a, trace_b), alignments)
+    if tolerance is not None and layout is not None:
+        result.rank = layout[1]
+        result.layout = LayoutCounts(layout[0], trace_a.rank, trace_b.rank)
+        by_layout = LayoutAlignment(alignments, traces, result.layout)
+        explainer = Explainer(trace_a, trace_b, by_layout)
+        judge = LayoutJudge(tolerance, traces, by_layout)
+    elif tolerance is not None:
+        judge = Judge(tolerance, traces, alignments)
     result.count_a, result.count_b = count_steps(trace_a), count_steps(trace_b)
     steps_a, steps_b = _steps(reader_a, step), _steps(reader_b, step)
     next_a, next_b = next(steps_a, None), next(steps_b, None)
@@ -371,6 +409,8 @@ def _diff_ops(
     result.notes.extend(_trace_notes(trace_a, trace_b))
     if judge is not None:
         result.tolerance = judge.found
+    if result.first is not None:
+        result.first.rank = result.rank  # across layouts: not run A's rank
     return result
 
 
@@ -402,7 +442,7 @@ def _compare_step(
     ops_b: OpColumns,
     alignments: _StepAlignments,
     explainer: Explainer,
-    judge: Judge | None,
+    judge: Judge | LayoutJudge | None,
     *,
     cut_a: bool,
     cut_b: bool,
@@ -608,30 +648,26 @@ def diff_runs(
     step: int | None = None,
     tolerance: Tolerance | None = None,
 ) -> RunDiff:
-    if rank is not None:
-        ranks = [rank]
+    pairs = _rank_pairs(run_a, run_b, rank, tolerance)
+    if len(pairs) == 1:
+        (pair,) = pairs
+        trace_a, trace_b = run_a.rank(pair.rank_a), run_b.rank(pair.rank_b)
+        results = [diff_rank(trace_a, trace_b, step=step, tolerance=tolerance, layout=pair.layout)]
     else:
-        ranks = sorted(set(run_a.ranks) & set(run_b.ranks))
-        if not ranks:
-            raise TraceError(f"no rank recorded in both runs (A: {run_a.ranks}, B: {run_b.ranks})")
-    if len(ranks) == 1:
-        trace_a, trace_b = run_a.rank(ranks[0]), run_b.rank(ranks[0])
-        results = [diff_rank(trace_a, trace_b, step=step, tolerance=tolerance)]
-    else:
-        results = _diff_in_parallel(str(run_a.path), str(run_b.path), ranks, step, tolerance)
+        results = _diff_in_parallel(str(run_a.path), str(run_b.path), pairs, step, tolerance)
     if step is not None and not any(_compared(r, step) for r in results):
         # Nothing compared is not "identical": say which run lacks the step.
         has = [
             name
-            for name, r in (("A", run_a), ("B", run_b))
-            if any(_has_step(r.rank(k), step) for k in ranks)
+            for name, r, side in (("A", run_a, 0), ("B", run_b, 1))
+            if any(_has_step(r.rank(p.ranks[side]), step) for p in pairs)
         ]
         where = f"only in run {has[0]}" if len(has) == 1 else "in neither run"
         raise TraceError(f"step {step} was recorded {where}: nothing to compare")
     if (op_level_limits(run_a.meta) or op_level_limits(run_b.meta)) and not any(
         r.steps for r in results
     ):
-        trace_a, trace_b = run_a.rank(ranks[0]), run_b.rank(ranks[0])
+        trace_a, trace_b = run_a.rank(pairs[0].rank_a), run_b.rank(pairs[0].rank_b)
         if not (trace_a.has_steps and trace_b.has_steps):  # else their step-level records
             held = ops_held(trace_a, trace_b)
             raise TraceError(f"the runs hold ops of no common step ({held}): nothing to compare")
@@ -642,7 +678,7 @@ def diff_runs(
                 f"rank {r.rank}: the runs have no op in common ({r.only_a} compared ops in A, "
                 f"{r.only_b} in B): traces of two different programs?"
             )
-    compared_all = rank is None
+    compared_all = rank is None and pairs[0].layout is None  # across layouts: every rank
     return RunDiff(
         str(run_a.path),
         str(run_b.path),
@@ -655,25 +691,75 @@ def diff_runs(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _RankPair:
+    """The rank of each run one comparison reads; across layouts, (degree, rank reported)."""
+
+    rank_a: int
+    rank_b: int
+    layout: tuple[int, int] | None = None
+
+    @property
+    def ranks(self) -> tuple[int, int]:
+        return self.rank_a, self.rank_b
+
+
+def _rank_pairs(
+    run_a: Run, run_b: Run, rank: int | None, tolerance: Tolerance | None
+) -> list[_RankPair]:
+    """The ranks compared: rank by rank (``rank`` alone when given); with a tolerance, runs
+    whose world sizes differ by a layout's degree (TP=N against TP=1) pair each rank of the
+    larger run with the single rank of the other (``rank``: of the larger run)."""
+    degree = layout_degree(run_a.ranks, run_b.ranks) if tolerance is not None else None
+    paired = rank_pairs(run_a.ranks, run_b.ranks) if degree is not None and degree > 1 else None
+    if degree is not None and paired is not None:
+        wide = 0 if len(run_a.ranks) > len(run_b.ranks) else 1
+        found = [
+            _RankPair(a, b, (degree, (a, b)[wide]))
+            for a, b in paired
+            if rank is None or (a, b)[wide] == rank
+        ]
+        if not found:
+            ranks = (run_a.ranks, run_b.ranks)[wide]
+            raise TraceError(f"rank {rank} is not in run {'AB'[wide]} (ranks {ranks})")
+        return found
+    if rank is not None:
+        return [_RankPair(rank, rank)]
+    ranks = sorted(set(run_a.ranks) & set(run_b.ranks))
+    if not ranks:
+        raise TraceError(f"no rank recorded in both runs (A: {run_a.ranks}, B: {run_b.ranks})")
+    return [_RankPair(k, k) for k in ranks]
+
+
 def _diff_in_parallel(
-    path_a: str, path_b: str, ranks: list[int], step: int | None, tolerance: Tolerance | None
+    path_a: str,
+    path_b: str,
+    pairs: list[_RankPair],
+    step: int | None,
+    tolerance: Tolerance | None,
 ) -> list[RankDiff]:
     """One process per rank (as many at a time as there are cores): ranks are independent
     until their roles are compared, and a large job's traces take long to walk one by one.
     Spawned, not forked: a forked child would share the parent's LMDB handles and threads."""
-    workers = min(len(ranks), os.cpu_count() or 1)
+    workers = min(len(pairs), os.cpu_count() or 1)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = [pool.submit(_diff_rank_of, path_a, path_b, r, step, tolerance) for r in ranks]
+        futures = [pool.submit(_diff_rank_of, path_a, path_b, p, step, tolerance) for p in pairs]
         return [f.result() for f in futures]
 
 
 def _diff_rank_of(
-    path_a: str, path_b: str, rank: int, step: int | None, tolerance: Tolerance | None
+    path_a: str, path_b: str, pair: _RankPair, step: int | None, tolerance: Tolerance | None
 ) -> RankDiff:
     """:func:`diff_rank` in a worker process, which opens the traces itself."""
     with Run(path_a) as run_a, Run(path_b) as run_b:
-        return diff_rank(run_a.rank(rank), run_b.rank(rank), step=step, tolerance=tolerance)
+        return diff_rank(
+            run_a.rank(pair.rank_a),
+            run_b.rank(pair.rank_b),
+            step=step,
+            tolerance=tolerance,
+            layout=pair.layout,
+        )
 
 
 def _compared(result: RankDiff, step: int) -> bool:

@@ -109,6 +109,7 @@ class PairLayout:
     kind: PairKind
     compared: tuple[TensorPair, ...]  # the outputs compared by logical value
     reason: str  # why an output is not compared ("" when every one is)
+    shards: int = 0  # outputs that are a shard of the other run's: not compared by value
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,9 +157,23 @@ def layout_step(trace_a: RankTrace, trace_b: RankTrace, step: int, degree: int) 
         (columns[0].index[i], columns[1].index[j])
         for i, j in pairs_of(align_step(*columns, records_of(trace_a, trace_b)))
     ]
+    return layout_of(
+        (trace_a, trace_b), step, (columns[0].index, columns[1].index), matched, degree
+    )
+
+
+def layout_of(
+    traces: tuple[RankTrace, RankTrace],
+    step: int,
+    indices: tuple[Sequence[int], Sequence[int]],
+    matched: Sequence[tuple[int, int]],
+    degree: int,
+) -> LayoutStep:
+    """:func:`layout_step` of a step already aligned (the diff's walk aligns each step once):
+    its ops' ``indices`` in each run and its aligned pairs (op indices in A, in B)."""
     sides = (
-        _Side(trace_a, columns[0].index, {a for a, _ in matched}),
-        _Side(trace_b, columns[1].index, {b for _, b in matched}),
+        _Side(traces[0], indices[0], {a for a, _ in matched}),
+        _Side(traces[1], indices[1], {b for _, b in matched}),
     )
     pairs = tuple(_pair(sides, a, b, degree) for a, b in matched)
     partial = (
@@ -277,7 +292,7 @@ def _pair(sides: tuple[_Side, _Side], a: int, b: int, degree: int) -> PairLayout
                 a, b, PairKind.UNRELATED, (), f"output {k}: {list(shape_a)} vs {list(shape_b)}"
             )
     kind = PairKind.SHARDED if reasons else PairKind.REDUCED if reduced_any else PairKind.COMPARABLE
-    return PairLayout(a, b, kind, tuple(compared), "; ".join(reasons))
+    return PairLayout(a, b, kind, tuple(compared), "; ".join(reasons), len(reasons))
 
 
 def _equal(sides: tuple[_Side, _Side], where: list[Tensor]) -> bool | None:

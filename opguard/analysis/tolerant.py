@@ -282,6 +282,33 @@ class Judge:
             div.summary = f"{div.summary}; {judged.what}"
         return div
 
+    def region_output(
+        self,
+        op_a: OpRecord,
+        op_b: OpRecord,
+        tensors: tuple[TensorRecord, TensorRecord],
+        producers: Producers,
+        what: str,
+    ) -> Judgement | None:
+        """Rule 2 for ``tensors`` that aligned ops ``op_a``/``op_b`` stand for but ops the
+        alignment does not pair wrote (``producers``): a partial sum made whole by a
+        collective one parallel layout has (:mod:`.layout_tolerant`). They must be within
+        ``A * d + R * u`` of the aligned tensors those ops read; ``what`` names them in the
+        judgement's sentence. None when rounding explains them."""
+        ta, tb = tensors
+        unit = op_unit(op_a, op_b, self.environments)
+        distance = self._distance(ta, tb)
+        if distance is None:
+            self.found.unknown_steps.add(op_a.step)
+            return _unknown(ta.slot, "output", _why_unknown(ta, tb), unit)
+        self._drift(op_a, distance.estimate)
+        judged = self._source_judgement(
+            ta.slot, tensors, distance, Reason.STRUCTURE, producers, unit, what=what
+        )
+        if judged is None:
+            self.found.explained += 1
+        return judged
+
     # -- the rules -------------------------------------------------------------------------
 
     def _arguments(self, op_a: OpRecord, op_b: OpRecord, unit: float | None) -> Judgement | None:
@@ -425,6 +452,7 @@ class Judge:
         source: Reason,
         producers: Producers,
         unit: float | None,
+        what: str = "",
     ) -> Judgement | None:
         own = max((u for t in tensors if (u := dtype_unit(t.dtype)) is not None), default=None)
         if source is Reason.LEAF:
@@ -434,7 +462,7 @@ class Judge:
             region, region_unit, dividing = self._region(producers)
             unit = max((u for u in (unit, region_unit) if u is not None), default=None)
             limit = self.tolerance.limit(region, unit, dividing)
-            what = f"input '{slot}', written by ops of one run only"
+            what = what or f"input '{slot}', written by ops of one run only"
         if distance.estimate <= limit:
             return None
         return Judgement(

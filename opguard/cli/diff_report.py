@@ -155,6 +155,8 @@ def print_diff(result: RunDiff) -> None:
             console.print(
                 f"  rank {r.rank}: step-level records; {describe_runs(r.count_a, r.count_b)}"
             )
+        if r.layout is not None:
+            console.print(f"    layouts: {escape(r.layout.text())}")
         if r.states is not None:
             console.print(f"    step-level records: {escape(r.states.describe())}")
         for note in r.notes:
@@ -174,6 +176,13 @@ def _print_tolerance(result: RunDiff) -> None:
         f"  tolerant ({tolerance.mode}: {escape(tolerance.text())}): {explained} differing "
         f"aligned op(s) explained by rounding{flipped}"
     )
+    layouts = [r.layout for r in result.ranks if r.layout is not None]
+    if layouts:
+        console.print(
+            f"  parallel layouts of degree {layouts[0].degree}: {len(layouts)} rank pair(s) "
+            f"compared by logical value; {sum(c.sharded for c in layouts)} shard(s) NOT "
+            "compared by value (judged through the comparable tensors they feed)"
+        )
     drift = result.drift()
     if not drift:
         return

@@ -1,0 +1,101 @@
+"""``opguard diff --tolerant`` across parallel layouts: the MLP of tests/data/tolerant/tp_mlp.py
+with tensor parallelism over two gloo ranks (DTensor) against one process. Every TP rank is
+compared with the single process, and the pair is within rounding in either order; the
+sharding bug (fc2.weight loaded from the wrong offset) is named at fc2, where its difference
+first shows on a tensor both layouts hold whole; the report says how many shards it did not
+compare by value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import cli_in_process
+
+from opguard.analysis import diff_runs
+from opguard.analysis.contract import to_json
+from opguard.analysis.tolerant import Tolerance
+from opguard.store import Run
+
+pytestmark = pytest.mark.skipif(
+    not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+    reason="torch.distributed with the gloo backend is not available in this build",
+)
+
+ORDERS = [("tp2", "tp1"), ("tp1", "tp2")]
+LAYOUT_KEYS = {
+    "degree",
+    "rank_a",
+    "rank_b",
+    "steps",
+    "comparable",
+    "reduced",
+    "sharded",
+    "unrelated",
+    "layout_only",
+    "selections",
+}
+
+
+def tolerant(a: Path, b: Path) -> dict[str, Any]:
+    with Run(a) as run_a, Run(b) as run_b:
+        return to_json(diff_runs(run_a, run_b, tolerance=Tolerance()))
+
+
+@pytest.mark.parametrize(("a", "b"), ORDERS)
+def test_tp2_against_tp1_is_within_rounding_on_every_rank_pair(
+    tp_runs: dict[str, Path], a: str, b: str
+) -> None:
+    out = tolerant(tp_runs[a], tp_runs[b])
+    assert out["verdict"] == "within-rounding"
+    assert out["ranks_only_in"] == {"a": [], "b": []}  # no rank left uncompared
+    tp_side = "a" if a == "tp2" else "b"
+    assert [r["rank"] for r in out["ranks"]] == [0, 1]
+    for r in out["ranks"]:
+        layout = r["layout"]
+        assert set(layout) == LAYOUT_KEYS
+        assert layout["degree"] == 2
+        assert layout[f"rank_{tp_side}"] == r["rank"]
+        # the logical values were compared: the replicated ones, and fc2's output and the
+        # norm's input gradient after the all-reduce only TP=2 has
+        assert layout["comparable"] > 0 and layout["reduced"] > 0
+        assert layout["sharded"] > 0  # fc1, gelu, the sharded weights' updates: not compared
+        assert r["rounding"]["explained"] > 0
+
+
+@pytest.mark.parametrize(("a", "b"), [("tp2_bug", "tp1"), ("tp1", "tp2_bug")])
+def test_a_sharding_bug_is_named_at_fc2_where_it_first_shows(
+    tp_runs: dict[str, Path], a: str, b: str
+) -> None:
+    """The wrong shard of fc2.weight is a shard (not comparable by value); fc2's output,
+    all-reduced in the TP run, is the first comparable tensor it changes: there, at step 0, it
+    is beyond rounding of the comparable tensors the sharded ops read (the norm's output), on
+    both ranks (rank 0's correct partial sum is added to rank 1's wrong one)."""
+    out = tolerant(tp_runs[a], tp_runs[b])
+    assert out["verdict"] == "diverged"
+    first = out["first_divergence"]
+    assert (first["kind"], first["step"]) == ("structure", 0)
+    assert first["distance"]["reason"] == "structure"
+    single = "a" if a == "tp1" else "b"
+    observed = first["observed"][single]
+    assert (observed["op"], observed["phase"]) == ("aten::addmm.default", "forward")
+    with Run(tp_runs["tp1"]) as run:
+        addmm = [op.index for op in run.rank(0).ops() if op.op == "aten::addmm.default"]
+    assert observed["index"] == addmm[1]  # fc2, not fc1
+    tp = first["b" if single == "a" else "a"]  # the region's op of the TP run: the all-reduce
+    assert tp["op"] == "_c10d_functional::all_reduce.default"
+    assert "summed from shards that are not compared by value" in first["summary"]
+    assert all(r["divergence"]["step"] == 0 for r in out["ranks"])
+
+
+def test_the_report_says_shards_were_not_compared(tp_runs: dict[str, Path]) -> None:
+    code, out, _ = cli_in_process("diff", str(tp_runs["tp2"]), str(tp_runs["tp1"]), "--tolerant")
+    assert code == 0 and out.startswith("WITHIN-ROUNDING")
+    assert "shard(s) NOT compared by value" in out
+    assert "run A rank 1 against run B rank 0" in out
+    code, out, _ = cli_in_process(
+        "explain", str(tp_runs["tp1"]), str(tp_runs["tp2_bug"]), "--tolerant"
+    )
+    assert code == 1 and "aten::addmm.default" in out
