@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 from ..store import OpRecord, RankTrace, TensorRecord
 from .divergence import Alignment, Divergence, Explainer
-from .layouts import LAYOUT_ONLY, OnlyKind, PairKind, PairLayout, Tensor, TensorPair, layout_of
-from .tolerant import Judge, Judgement, RankTolerance, Tolerance
+from .layouts import LAYOUT_ONLY, OnlyKind, PairKind, PairLayout, Tensor, layout_of
+from .tolerant import Judge, Judgement, RankTolerance, Reason, Tolerance
 from .verdict import Side
 
 LAYOUT_CACHE = 8  # steps whose pairs are kept decoded (producers rarely reach further back)
@@ -189,22 +189,21 @@ class LayoutJudge:
     def _reduced(self, op_a: OpRecord, op_b: OpRecord, pair: PairLayout) -> Judgement | None:
         """A partial sum's logical value (the collective's output in the run that has it)
         against the other run's whole tensor, by rule 2. Where rounding does not explain it,
-        the collective is named as the op of one run only that feeds the difference."""
+        the aligned op is where the difference first shows (an origin): what it read were
+        shards, which are not compared by value, so the sentence says the difference may lie
+        in them (a shard loaded from the wrong offset)."""
         for tensors in pair.compared:
             if tensors.equal:
                 continue
             ta, tb = self._output(Side.A, tensors.a), self._output(Side.B, tensors.b)
-            what = f"output '{ta.slot}', summed from shards that are not compared by value"
+            what = (
+                f"output '{ta.slot}', summed across the ranks from shards that are not "
+                "compared by value (the difference may lie in them)"
+            )
             judged = self._judge.region_output(op_a, op_b, (ta, tb), (tensors.a, tensors.b), what)
             if judged is not None:
-                side = Side.A if tensors.a[0] != op_a.index else Side.B
-                return replace(judged, producers=_only(side, tensors))
+                return replace(judged, reason=Reason.AMPLIFIED, output=judged.tensor, slot="")
         return None
 
     def _output(self, side: Side, tensor: Tensor) -> TensorRecord:
         return self.traces[side.value].op(tensor[0]).outputs[tensor[1]]
-
-
-def _only(side: Side, tensors: TensorPair) -> tuple[Tensor | None, Tensor | None]:
-    """The producers a divergence names: the collective, in the run that has it."""
-    return (tensors.a, None) if side is Side.A else (None, tensors.b)
