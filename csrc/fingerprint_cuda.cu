@@ -18,6 +18,14 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// A thread's sketch buckets lie kColumnBytes apart in shared memory (ThreadSketch); a bucket's
+// offset from bucket 0 fits the bits of kOffsetMask (16 buckets at most).
+constexpr uint32_t kColumnBytes = kThreads * sizeof(double);
+constexpr uint32_t kOffsetMask = 15 * kColumnBytes;
+static_assert((kColumnBytes & (kColumnBytes - 1)) == 0 && kColumnBytes >= 256,
+              "bucket_offset() masks; field() keeps the sign bits below the offset");
+static_assert(kSketchBuckets <= 16 && 16 * kColumnBytes <= 0x10000, "field() is 16 bits");
+
 struct Args {
   const uint8_t* data;
   uint64_t nbytes;
@@ -87,21 +95,36 @@ struct ThreadStats {
   // so the results are add()'s.
   template <int N>
   __device__ __forceinline__ void add_all(const Acc (&v)[N]) {
+    if (all_finite(v)) {
+      add_finite(v);
+    } else {
+      add_each(v);
+    }
+  }
+
+  // add_all's test and its two paths, for callers that do more work under the same test (the
+  // sketch of a load, which skips sketch_value's test when its values are finite).
+  template <int N>
+  __device__ __forceinline__ static bool all_finite(const Acc (&v)[N]) {
     Acc total = v[0];
 #pragma unroll
     for (int i = 1; i < N; ++i) total += v[i];
-    if (fabs(total) < static_cast<Acc>(INFINITY)) {
+    return fabs(total) < static_cast<Acc>(INFINITY);
+  }
+  template <int N>
+  __device__ __forceinline__ void add_finite(const Acc (&v)[N]) {
 #pragma unroll
-      for (int i = 0; i < N; ++i) {
-        mn = fmin(mn, v[i]);
-        mx = fmax(mx, v[i]);
-        amax = fmax(amax, fabs(v[i]));
-        sum += static_cast<double>(v[i]);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < N; ++i) add(v[i]);
+    for (int i = 0; i < N; ++i) {
+      mn = fmin(mn, v[i]);
+      mx = fmax(mx, v[i]);
+      amax = fmax(amax, fabs(v[i]));
+      sum += static_cast<double>(v[i]);
     }
+  }
+  template <int N>
+  __device__ __forceinline__ void add_each(const Acc (&v)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) add(v[i]);
   }
 };
 
@@ -288,7 +311,119 @@ struct ThreadSketch {
       word(w1, j + 1, 8, a);
     }
   }
+
+  // The kinds whose 16-byte loads take chunk_sketch() below (those with a Decode
+  // specialisation: float16, bfloat16, float32, float64), and how many consecutive loads of
+  // theirs make one group (two bytes an element: one; four: two; eight: four).
+  static constexpr bool kFast = kOn && kItemsize > 1;
+  static constexpr int kLoadsPerGroup = kItemsize / 2;
+
+  // The sign bits of 16-byte load `p`'s elements (words 2p and 2p + 1), its group's word being
+  // `group_word`: signs_of(group_word, 2 * p, a) with the division by the item size folded.
+  __device__ __forceinline__ static int sign_shift(uint64_t p) {
+    if constexpr (kFast) return static_cast<int>(p % kLoadsPerGroup) * (16 / kItemsize);
+    return 0;
+  }
+
+  // Where add() adds for `group_word`, from this thread's column: sketch_bucket(group_word) *
+  // kColumnBytes, as one product and a mask (the high word times kSketchBuckets * kColumnBytes,
+  // over 2^32, is the bucket times kColumnBytes plus less than kColumnBytes).
+  __device__ __forceinline__ static uint32_t bucket_offset(uint64_t group_word) {
+    const auto high = static_cast<uint32_t>(group_word >> 32);
+    return __umulhi(high, kSketchBuckets * kColumnBytes) & ~(kColumnBytes - 1);
+  }
+
+  // A group word's bucket offset and sign bits in one 16-bit field: bits 0..7 its sign bits,
+  // the bits of kOffsetMask its bucket_offset(); the others are not read.
+  __device__ __forceinline__ static uint32_t field(uint64_t group_word) {
+    return (bucket_offset(group_word) & kOffsetMask) |
+           (static_cast<uint32_t>(group_word) & ~kOffsetMask);
+  }
+
+  __device__ __forceinline__ void add_at(uint32_t offset, double sum) {
+    auto* column = reinterpret_cast<uint8_t*>(&columns()[0][threadIdx.x]);
+    *reinterpret_cast<double*>(column + offset) += sum;
+  }
+
+  // pair() of one 16-byte load whose values `v` (both words' elements, in order) are all
+  // finite, given its bucket's offset and its sign bits: sketch_value's test per value is left
+  // out (the caller has tested them all at once) and the double of each value is the one the
+  // stats add (one conversion for both); each value's square, signed value and the two words'
+  // sums are pair()'s, in pair()'s order, so the sums are bit for bit pair()'s.
+  template <typename Acc, int N>
+  __device__ __forceinline__ void pair_finite(const Acc (&v)[N], uint32_t offset, uint32_t signs) {
+    constexpr int kPerWord = N / 2;
+    double sums[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int c = 0; c < kPerWord; ++c) {
+        const double x = static_cast<double>(v[h * kPerWord + c]);
+        squares += x * x;
+        const double signed_x = flip(x, signs, h * kPerWord + c);
+        sums[h] = c == 0 ? signed_x : sums[h] + signed_x;
+      }
+    }
+    add_at(offset, sums[0] + sums[1]);
+  }
+
+  // pair() given its bucket's offset and its sign bits (any values).
+  __device__ __forceinline__ void pair_given(uint64_t w0, uint64_t w1, uint32_t offset,
+                                             uint32_t signs, const Args& a) {
+    add_at(offset, signed_sum(w0, 8, signs, a) + signed_sum(w1, 8, signs >> (8 / kItemsize), a));
+  }
 };
+
+// The values of one 16-byte load (words w0 and w1 of a kind with a Decode specialisation).
+template <int K, int N>
+__device__ __forceinline__ void decode_load(uint64_t w0, uint64_t w1,
+                                            typename Decode<K>::Acc (&v)[N]) {
+  using D = Decode<K>;
+  constexpr int kPerWord = 8 / D::kComponentBytes;
+  static_assert(N == 2 * kPerWord, "a load's values");
+#pragma unroll
+  for (int c = 0; c < kPerWord; ++c) {
+    v[c] = D::get(w0, c);
+    v[kPerWord + c] = D::get(w1, c);
+  }
+}
+
+// Stats and sketch of one 16-byte load, words 2p and 2p + 1 of the logical stream, all valid,
+// of a kind with ThreadSketch<K>::kFast: chunk_stats() and ThreadSketch::pair() under one test
+// (add_all's: the values' float sum is finite), with the load's bucket offset and sign bits
+// given (the main body gets them cheaply). Every stat and sum is computed as those two do.
+template <int K, int N>
+__device__ __forceinline__ void chunk_sketch(uint64_t w0, uint64_t w1,
+                                             const typename Decode<K>::Acc (&v)[N], bool finite,
+                                             uint32_t offset, uint32_t signs, const Args& a,
+                                             ThreadStats<typename Decode<K>::Acc>& st,
+                                             ThreadSketch<K>& sk) {
+  if (finite) {
+    st.add_finite(v);
+    sk.pair_finite(v, offset, signs);
+  } else {
+    st.add_each(v);
+    sk.pair_given(w0, w1, offset, signs, a);
+  }
+}
+
+// chunk_stats() and ThreadSketch::pair() of 16-byte load `p` (words 2p and 2p + 1, all valid).
+template <int K>
+__device__ __forceinline__ void chunk(uint64_t w0, uint64_t w1, uint64_t p, const Args& a,
+                                      ThreadStats<typename Decode<K>::Acc>& st,
+                                      ThreadSketch<K>& sk) {
+  using Sketch = ThreadSketch<K>;
+  if constexpr (Sketch::kFast) {
+    const uint64_t group_word = sketch_word(p / Sketch::kLoadsPerGroup);
+    typename Decode<K>::Acc v[16 / Decode<K>::kComponentBytes];
+    decode_load<K>(w0, w1, v);
+    chunk_sketch<K>(w0, w1, v, st.all_finite(v), Sketch::bucket_offset(group_word),
+                    static_cast<uint32_t>(group_word) >> Sketch::sign_shift(p), a, st, sk);
+  } else {
+    chunk_stats<K>(w0, w1, a, st);
+    sk.pair(w0, w1, 2 * p, a);
+  }
+}
 
 // Byte offset of logical element `e` in memory.
 __device__ __forceinline__ int64_t element_offset(const Args& a, uint64_t e) {
@@ -348,24 +483,49 @@ __device__ __forceinline__ T warp_max(T v) {
   return v;
 }
 
-// The block's sketch sums reduced in a fixed tree into `out`: each value's warp sums are added
-// by a thread of its own (one thread adding them all would wait on 15 x 7 shared loads in
-// series, a cost every block of the many small launches pays), which writes and fences it
-// before publish()'s barrier; thread 0 publishes the sequence number after that barrier.
+// One level of publish_sketch()'s warp sums: a lane keeps half of its first 2 * kHalf values,
+// the upper half where bit `2 * kHalf` of its lane is set, and adds to each the same value's
+// partial of its partner lane (lane ^ 2 * kHalf), to which it sends the other half.
+template <int kHalf>
+__device__ __forceinline__ void halve(double (&values)[16], int lane) {
+  const bool upper = (lane & (2 * kHalf)) != 0;
+#pragma unroll
+  for (int k = 0; k < kHalf; ++k) {
+    const double send = upper ? values[k] : values[k + kHalf];
+    const double keep = upper ? values[k + kHalf] : values[k];
+    values[k] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, 2 * kHalf);
+  }
+}
+
+// The block's sketch sums reduced in a fixed tree into `out`. Each warp sums its lanes' 15
+// values (padded to 16) by halving (halve() at offsets 16, 8, 4 and 2, then both lanes of a
+// pair add theirs): 16 shuffles of a double instead of 15 warp_sum()s' 75. Every sum is
+// warp_sum()'s: lane l adds lane l + offset's partial to its own at each offset, as there,
+// and the partner lane adds the same two in the other order, which gives the same double; so
+// the results are bit for bit warp_sum()'s. Lane 2v (v < 15) ends with value v's warp sum.
+// Each value's warp sums are then added by a thread of its own (one thread adding them all
+// would wait on 15 x 7 shared loads in series, a cost every block of the many small launches
+// pays), which writes and fences it before publish()'s barrier; thread 0 publishes the
+// sequence number after that barrier.
 template <int K>
 __device__ void publish_sketch(const ThreadSketch<K>& sk, SketchSums& out) {
   constexpr int kValues = 1 + kSketchBuckets;
+  static_assert(kValues <= 16, "halve() sums 16 values");
   __shared__ double s_values[kValues][kThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  double values[kValues];
+  double values[16];
   values[0] = sk.squares;
 #pragma unroll
   for (int b = 0; b < kSketchBuckets; ++b) values[1 + b] = sk.columns()[b][threadIdx.x];
 #pragma unroll
-  for (int v = 0; v < kValues; ++v) {
-    values[v] = warp_sum(values[v]);
-    if (lane == 0) s_values[v][warp] = values[v];
-  }
+  for (int v = kValues; v < 16; ++v) values[v] = 0.0;
+  halve<8>(values, lane);  // values[k]: value k, or 8 + k where lane bit 4 is set
+  halve<4>(values, lane);  // ... plus 4 where bit 3 is set
+  halve<2>(values, lane);
+  halve<1>(values, lane);  // values[0]: value (lane >> 1), of the lanes of its pair
+  values[0] += __shfl_xor_sync(0xFFFFFFFFu, values[0], 1);
+  const int held = lane >> 1;
+  if ((lane & 1) == 0 && held < kValues) s_values[held][warp] = values[0];
   __syncthreads();
   const int value = threadIdx.x;
   if (value < kValues) {
@@ -457,26 +617,68 @@ __device__ __forceinline__ void fingerprint_blocks(const Args& a, uint32_t block
     // advanced by addition instead of a 64-bit multiply per word.
     const uint64_t key_step = 2 * stride * kIndexKey;
     uint64_t key = 2 * p * kIndexKey + kIndexSalt;
-    for (; p + 3 * stride < pairs; p += 4 * stride, key += 4 * key_step) {
+    // Likewise the sketch's: sketch_word(g) == fmix64(g * kIndexKey + kSketchSalt), and load
+    // p + stride's group is load p's plus stride / kLoadsPerGroup (stride is a multiple of
+    // kThreads), so its position in its group, and so its sign shift, stay the same.
+    using Sketch = ThreadSketch<K>;
+    constexpr uint64_t kGroupLoads = Sketch::kFast ? Sketch::kLoadsPerGroup : 1;
+    // float32: the two lanes of a pair (loads p and p + 1 of each stride) share every group, so
+    // each hashes two of their four group words per pass and they exchange the fields (bucket
+    // offset, sign bits) in one shuffle; the lane of odd p hashes the groups of its loads 2 and
+    // 3. Lanes that exchange must loop together: the loop's test is the warp's last lane's (a
+    // thread's loads go in the same order, here or in the loop after).
+    constexpr bool kShare = Sketch::kFast && kGroupLoads == 2;
+    const uint64_t odd = kShare ? (p & 1) : 0;
+    const uint64_t group_step = stride / kGroupLoads * kIndexKey;
+    uint64_t group_key = (p / kGroupLoads + odd * stride) * kIndexKey + kSketchSalt;
+    const int sign_shift = Sketch::kFast ? Sketch::sign_shift(p) : 0;
+    const uint64_t lead = kShare ? 31 - (threadIdx.x & 31) : 0;  // to the warp's last lane's p
+    const uint64_t end = pairs > lead ? pairs - lead : 0;
+    for (; p + 3 * stride < end; p += 4 * stride, key += 4 * key_step) {
       uint4 r[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) r[u] = __ldcs(v + p + u * stride);
+      uint32_t fields[2];  // kShare: loads 0 and 1, 2 and 3
+      if constexpr (kShare) {
+        const uint32_t mine = __byte_perm(Sketch::field(fmix64(group_key)),
+                                          Sketch::field(fmix64(group_key + group_step)), 0x5410);
+        group_key += 4 * group_step;
+        const uint32_t theirs = __shfl_xor_sync(0xFFFFFFFFu, mine, 1);
+        fields[0] = odd ? theirs : mine;
+        fields[1] = odd ? mine : theirs;
+      }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         uint64_t w0, w1;
         split_words(r[u], w0, w1);
         const uint64_t k = key + u * key_step;
         hash += fmix64(w0 ^ k) + fmix64(w1 ^ (k + kIndexKey));
-        chunk_stats<K>(w0, w1, a, st);
-        sk.pair(w0, w1, 2 * (p + u * stride), a);
+        if constexpr (Sketch::kFast) {
+          uint32_t offset, signs;
+          if constexpr (kShare) {
+            const uint32_t f = fields[u / 2] >> (16 * (u % 2));
+            offset = f & kOffsetMask;
+            signs = f >> sign_shift;
+          } else {
+            const uint64_t group_word = fmix64(group_key);
+            group_key += group_step;
+            offset = Sketch::bucket_offset(group_word);
+            signs = static_cast<uint32_t>(group_word) >> sign_shift;
+          }
+          Acc vals[16 / Decode<K>::kComponentBytes];
+          decode_load<K>(w0, w1, vals);
+          chunk_sketch<K>(w0, w1, vals, st.all_finite(vals), offset, signs, a, st, sk);
+        } else {
+          chunk_stats<K>(w0, w1, a, st);
+          sk.pair(w0, w1, 2 * (p + u * stride), a);
+        }
       }
     }
     for (; p < pairs; p += stride) {
       uint64_t w0, w1;
       split_words(__ldcs(v + p), w0, w1);
       hash += mix_word(w0, 2 * p) + mix_word(w1, 2 * p + 1);
-      chunk_stats<K>(w0, w1, a, st);
-      sk.pair(w0, w1, 2 * p, a);
+      chunk<K>(w0, w1, p, a, st, sk);
     }
     j = 2 * pairs + j;  // the at most one leftover word (and the zero-padded tail)
   }
@@ -593,8 +795,7 @@ struct RowLoad<true> {
     uint64_t w0, w1;
     split_words(r, w0, w1);
     hash += mix_word(w0, j) + mix_word(w1, j + 1);
-    chunk_stats<K>(w0, w1, a, st);
-    sk.pair(w0, w1, j, a);
+    chunk<K>(w0, w1, j / 2, a, st, sk);
   }
 };
 
