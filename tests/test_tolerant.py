@@ -91,15 +91,19 @@ def chain_pair(
     leaf_b: Callable[[np.ndarray], np.ndarray] | None = None,
     sketched: bool = True,
     repeat: int = 1,
+    environments: tuple[dict[str, Any], dict[str, Any]] = ({}, {}),
 ) -> tuple[Path, Path]:
     """Two runs of ``steps`` on one leaf of N floats, ``repeat`` times (a training step each):
     run B rounds every op's output differently (one ULP) and reads the leaf through
-    ``leaf_b``."""
+    ``leaf_b``; ``environments``: what each run's meta.json records of its environment."""
     rng = np.random.default_rng(7)
     leaf = rng.standard_normal(N).astype(np.float32)
     inputs = {"a": leaf, "b": leaf if leaf_b is None else leaf_b(leaf).astype(np.float32)}
     paths = (tmp / "a", tmp / "b")
-    builders = {side: TraceBuilder(path) for side, path in zip("ab", paths, strict=True)}
+    builders = {
+        side: TraceBuilder(path, meta={"environment": env} if env else None)
+        for side, path, env in zip("ab", paths, environments, strict=True)
+    }
     for step in range(repeat):
         producer: int | None = None
         for op in steps:
@@ -293,6 +297,24 @@ def test_an_op_that_multiplies_its_error_by_1e4_is_the_divergence(tmp_path: Path
     assert distance["output"] > distance["budget"]
     assert distance["amplification"] > 100
     assert distance["interval"][0] <= distance["output"] <= distance["interval"][1]
+
+
+def test_what_only_changes_rounding_is_no_likely_cause_of_more(tmp_path: Path) -> None:
+    """An op that multiplies its error by 1e4, in runs with other thread counts: threads change
+    how an op rounds, which the tolerant diff has already allowed for, so they are no likely
+    cause of a difference beyond rounding; another torch build (another implementation) is."""
+    steps = mlp_steps(op3={"amplify_b": 1e4})
+    threads = chain_pair(
+        tmp_path / "threads", steps, environments=({"threads": 2}, {"threads": 16})
+    )
+    first = diff(threads)[1]["first_divergence"]
+    assert (first["kind"], first["likely_causes"]) == ("origin", [])
+    builds = ({"torch": "2.11.0"}, {"torch": "2.13.0"})
+    first = diff(chain_pair(tmp_path / "builds", steps, environments=builds))[1]["first_divergence"]
+    assert [c["kind"] for c in first["likely_causes"]] == ["environment"]
+    assert "torch builds (2.11.0 vs 2.13.0)" in first["likely_causes"][0]["cause"]
+    bitwise = diff(threads, None)[1]["first_divergence"]  # bit for bit, threads are a cause
+    assert "intra-op threads" in bitwise["likely_causes"][0]["cause"]
 
 
 def test_a_changed_momentum_is_an_argument_change(tmp_path: Path) -> None:

@@ -401,10 +401,15 @@ def likely_causes(
     traces: tuple[RankTrace, RankTrace],
     race: StreamRace | None,
     unrecorded_gpu_work: str,
+    *,
+    beyond_rounding: bool = False,
 ) -> list[LikelyCause]:
     """The likely causes of ``div``, most likely first (see the module's docstring).
     ``race``: the stream race found where the difference was read; ``unrecorded_gpu_work``:
-    the hint naming GPU work no recorded op launched before an origin, or ''."""
+    the hint naming GPU work no recorded op launched before an origin, or ''.
+    ``beyond_rounding``: ``div`` differs by more than rounding explains (``--tolerant``), so
+    what only changes rounding (a setting such as the thread count or TF32, the kernels a
+    library chose) is not a cause; another implementation (a build, a library) still is."""
     found = []
     if race is not None:
         found.append(
@@ -422,7 +427,14 @@ def likely_causes(
             )
         )
     elif div.cause is Cause.ORIGIN and div.a is not None and div.b is not None:
-        found += _origin_causes(div.a, div.b, traces, unrecorded_gpu_work, raced=bool(found))
+        found += _origin_causes(
+            div.a,
+            div.b,
+            traces,
+            unrecorded_gpu_work,
+            raced=bool(found),
+            beyond_rounding=beyond_rounding,
+        )
     return found
 
 
@@ -433,6 +445,7 @@ def _origin_causes(
     unrecorded_gpu_work: str,
     *,
     raced: bool,
+    beyond_rounding: bool,
 ) -> list[LikelyCause]:
     """An origin's causes after a race: the environment (or, the same environment in all that
     can change the op, other kernels), a documented nondeterministic op, unrecorded GPU work;
@@ -440,12 +453,14 @@ def _origin_causes(
     env_a, env_b = traces[0].environment, traces[1].environment
     files = (_stack_files(traces[0], op_a), _stack_files(traces[1], op_b))
     differences = environment_differences(env_a, env_b, op_a, files)
+    if beyond_rounding:
+        differences = [d for d in differences if not d.setting]
     same = "same environment, " if not differences and env_a.recorded and env_b.recorded else ""
     kernels_a, kernels_b = kernel_names(op_a), kernel_names(op_b)
     found = []
     if differences:
         found.append(_environment_cause(differences, _kernels_text(op_a, op_b)))
-    elif kernels_a != kernels_b:
+    elif kernels_a != kernels_b and not beyond_rounding:
         found.append(
             LikelyCause(
                 KERNELS,

@@ -252,7 +252,8 @@ class Explainer:
     def _finish(self, div: Divergence, *, inputs_equal: bool) -> Divergence:
         """A classified divergence's evidence: stream race, likely causes, summary and hint
         (``inputs_equal``: an origin's inputs were equal, so GPU work OpGuard did not record
-        between their writes and the op may explain it)."""
+        between their writes and the op may explain it; else the tolerant walk's divergence,
+        whose inputs differ by rounding and whose difference is beyond it)."""
         race = self._stream_race(div)
         div.race = race.text() if race is not None else ""
         gpu_work = (
@@ -260,11 +261,10 @@ class Explainer:
             if inputs_equal and div.cause is Cause.ORIGIN and not div.kernels_differ
             else ""
         )
-        found = likely_causes(div, (self.trace_a, self.trace_b), race, gpu_work)
-        # Inputs that differ by rounding: only what changes an op's numerics bears on it.
-        div.likely_causes = (
-            found if inputs_equal else [c for c in found if c.kind in (ENVIRONMENT, KERNELS)]
-        )
+        traces = (self.trace_a, self.trace_b)
+        found = likely_causes(div, traces, race, gpu_work, beyond_rounding=not inputs_equal)
+        # Beyond rounding: only another implementation of the op bears on it.
+        div.likely_causes = found if inputs_equal else [c for c in found if c.kind == ENVIRONMENT]
         div.summary = summarise(div)
         div.hint = self._hint(div, gpu_work)
         return div
