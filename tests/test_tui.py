@@ -416,10 +416,10 @@ async def test_runs_of_different_programs_get_a_notice(
 ) -> None:
     app = OpguardApp(Session.open(written[0], demo_runs[1]))
     notes: list[str] = []
+    # Caught from the start: on an idle machine the diff's child process may finish before the
+    # app's first frame; on a loaded one it may not have started when first waited for.
+    app.notify = lambda message, **kw: notes.append(message)  # type: ignore[method-assign]
     async with app.run_test(size=SIZE) as pilot:
-        app.notify = lambda message, **kw: notes.append(message)  # type: ignore[method-assign]
-        # The notice comes with the diff from its child process, which a loaded machine may
-        # not have started when the worker is first waited for.
         await _settle_until(pilot, lambda: any("different programs" in note for note in notes))
         assert any("look like different programs" in note for note in notes), notes
 
