@@ -71,9 +71,10 @@ void check(cudaError_t err, const char* what) {
 
 // Per-thread statistics in the accumulation type of the element kind.
 // The sum is kept in double whatever the element type: a float sum of large values overflows.
+// The largest finite magnitude is not tracked: publish() derives it from min and max.
 template <typename Acc>
 struct ThreadStats {
-  Acc mn = INFINITY, mx = -INFINITY, amax = 0;
+  Acc mn = INFINITY, mx = -INFINITY;
   double sum = 0;
   uint32_t nan = 0, inf = 0;
 
@@ -84,13 +85,12 @@ struct ThreadStats {
     inf += a == static_cast<Acc>(INFINITY);
     mn = finite && v < mn ? v : mn;
     mx = finite && v > mx ? v : mx;
-    amax = finite && a > amax ? a : amax;
     sum += finite ? static_cast<double>(v) : 0.0;
   }
 
   // The values of one 16-byte load. When they are all finite (their float sum is: a NaN or an
-  // infinity makes it non-finite; so does an overflow, which only costs the slow path), min,
-  // max and abs-max are one min/max instruction each and nothing is counted: about half the
+  // infinity makes it non-finite; so does an overflow, which only costs the slow path), min
+  // and max are one min/max instruction each and nothing is counted: about half the
   // instructions of add() per value, and the sum is added value by value in the same order,
   // so the results are add()'s.
   template <int N>
@@ -117,7 +117,6 @@ struct ThreadStats {
     for (int i = 0; i < N; ++i) {
       mn = fmin(mn, v[i]);
       mx = fmax(mx, v[i]);
-      amax = fmax(amax, fabs(v[i]));
       sum += static_cast<double>(v[i]);
     }
   }
@@ -234,6 +233,11 @@ struct ThreadSketch {
   }
 
   __device__ __forceinline__ ThreadSketch() {
+    clear();
+  }
+
+  __device__ __forceinline__ void clear() {
+    squares = 0.0;
     if constexpr (kOn) {
 #pragma unroll
       for (int b = 0; b < kSketchBuckets; ++b) columns()[b][threadIdx.x] = 0.0;
@@ -497,18 +501,18 @@ __device__ __forceinline__ void halve(double (&values)[16], int lane) {
   }
 }
 
-// The block's sketch sums reduced in a fixed tree into `out`. Each warp sums its lanes' 15
-// values (padded to 16) by halving (halve() at offsets 16, 8, 4 and 2, then both lanes of a
-// pair add theirs): 16 shuffles of a double instead of 15 warp_sum()s' 75. Every sum is
+// The block's sketch sums reduced in a fixed tree into `totals` (shared memory). Each warp sums its
+// lanes' 15 values (padded to 16) by halving (halve() at offsets 16, 8, 4 and 2, then both lanes of
+// a pair add theirs): 16 shuffles of a double instead of 15 warp_sum()s' 75. Every sum is
 // warp_sum()'s: lane l adds lane l + offset's partial to its own at each offset, as there,
 // and the partner lane adds the same two in the other order, which gives the same double; so
 // the results are bit for bit warp_sum()'s. Lane 2v (v < 15) ends with value v's warp sum.
 // Each value's warp sums are then added by a thread of its own (one thread adding them all
 // would wait on 15 x 7 shared loads in series, a cost every block of the many small launches
-// pays), which writes and fences it before publish()'s barrier; thread 0 publishes the
-// sequence number after that barrier.
+// pays), before publish()'s barrier; after it thread 0 writes the totals with the stats, so a
+// block waits on one system fence, not two in turn.
 template <int K>
-__device__ void publish_sketch(const ThreadSketch<K>& sk, SketchSums& out) {
+__device__ void publish_sketch(const ThreadSketch<K>& sk, double (&totals)[1 + kSketchBuckets]) {
   constexpr int kValues = 1 + kSketchBuckets;
   static_assert(kValues <= 16, "halve() sums 16 values");
   __shared__ double s_values[kValues][kThreads / 32];
@@ -531,8 +535,7 @@ __device__ void publish_sketch(const ThreadSketch<K>& sk, SketchSums& out) {
   if (value < kValues) {
     double total = s_values[value][0];
     for (int w = 1; w < kThreads / 32; ++w) total += s_values[value][w];
-    (value == 0 ? out.squares : out.buckets[value - 1]) = total;
-    __threadfence_system();
+    totals[value] = total;
   }
 }
 
@@ -541,16 +544,15 @@ template <typename Acc, int K>
 __device__ void publish(const Args& a, uint32_t block, uint64_t hash, const ThreadStats<Acc>& st,
                         const ThreadSketch<K>& sk) {
   Partial* out = a.partials + block;
-  if constexpr (ThreadSketch<K>::kOn) publish_sketch(sk, out->sketch);
+  __shared__ double s_totals[1 + kSketchBuckets];  // the sketch's
+  if constexpr (ThreadSketch<K>::kOn) publish_sketch(sk, s_totals);
   __shared__ uint64_t s_hash[kThreads / 32];
-  __shared__ double s_min[kThreads / 32], s_max[kThreads / 32], s_amax[kThreads / 32],
-      s_sum[kThreads / 32];
+  __shared__ double s_min[kThreads / 32], s_max[kThreads / 32], s_sum[kThreads / 32];
   __shared__ uint64_t s_nan[kThreads / 32], s_inf[kThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   uint64_t h = warp_sum(hash);
   double mn = warp_min(static_cast<double>(st.mn));
   double mx = warp_max(static_cast<double>(st.mx));
-  double am = warp_max(static_cast<double>(st.amax));
   double sm = warp_sum(static_cast<double>(st.sum));
   uint64_t nn = warp_sum(static_cast<uint64_t>(st.nan));
   uint64_t ni = warp_sum(static_cast<uint64_t>(st.inf));
@@ -558,7 +560,6 @@ __device__ void publish(const Args& a, uint32_t block, uint64_t hash, const Thre
     s_hash[warp] = h;
     s_min[warp] = mn;
     s_max[warp] = mx;
-    s_amax[warp] = am;
     s_sum[warp] = sm;
     s_nan[warp] = nn;
     s_inf[warp] = ni;
@@ -569,7 +570,6 @@ __device__ void publish(const Args& a, uint32_t block, uint64_t hash, const Thre
       h += s_hash[w];
       mn = min(mn, s_min[w]);
       mx = max(mx, s_max[w]);
-      am = max(am, s_amax[w]);
       sm += s_sum[w];
       nn += s_nan[w];
       ni += s_inf[w];
@@ -577,10 +577,15 @@ __device__ void publish(const Args& a, uint32_t block, uint64_t hash, const Thre
     out->hash = h;
     out->min = mn;
     out->max = mx;
-    out->absmax = am;
+    out->absmax = mn <= mx ? fmax(fabs(mn), fabs(mx)) : 0.0;  // the largest finite magnitude
     out->sum = sm;
     out->nan = nn;
     out->inf = ni;
+    if constexpr (ThreadSketch<K>::kOn) {
+      out->sketch.squares = s_totals[0];
+#pragma unroll
+      for (int b = 0; b < kSketchBuckets; ++b) out->sketch.buckets[b] = s_totals[1 + b];
+    }
     __threadfence_system();
     out->seq = a.seq;
   }
@@ -597,6 +602,89 @@ __device__ __forceinline__ void write_head(const Args& a, uint32_t block, bool c
   }
 }
 
+// The main body of a contiguous tensor at a 16-byte boundary: thread `first`'s 16-byte loads
+// (two words each), every `stride`-th, four in flight per thread. kTrusted (for the kinds with
+// ThreadSketch<K>::kFast) takes every value to be finite: no test per load, and NaNs and
+// infinities give wrong stats and sketch sums; the caller sees them in the stats' sum, which
+// they leave non-finite, and runs the body again untrusted (see fingerprint_blocks).
+template <int K, bool kTrusted>
+__device__ __forceinline__ void contiguous_body(const Args& a, uint64_t first, uint64_t stride,
+                                                uint64_t& hash,
+                                                ThreadStats<typename Decode<K>::Acc>& st,
+                                                ThreadSketch<K>& sk) {
+  using Acc = typename Decode<K>::Acc;
+  const uint64_t pairs = a.nbytes / 16;
+  const uint4* v = reinterpret_cast<const uint4*>(a.data);
+  uint64_t p = first;
+  // mix_word(w, i) == fmix64(w ^ key(i)) with key(i) = i * kIndexKey + kIndexSalt: keys are
+  // advanced by addition instead of a 64-bit multiply per word.
+  const uint64_t key_step = 2 * stride * kIndexKey;
+  uint64_t key = 2 * p * kIndexKey + kIndexSalt;
+  // Likewise the sketch's: sketch_word(g) == fmix64(g * kIndexKey + kSketchSalt), and load
+  // p + stride's group is load p's plus stride / kLoadsPerGroup (stride is a multiple of
+  // kThreads), so its position in its group, and so its sign shift, stay the same.
+  using Sketch = ThreadSketch<K>;
+  constexpr uint64_t kGroupLoads = Sketch::kFast ? Sketch::kLoadsPerGroup : 1;
+  // float32: the two lanes of a pair (loads p and p + 1 of each stride) share every group, so
+  // each hashes two of their four group words per pass and they exchange the fields (bucket
+  // offset, sign bits) in one shuffle; the lane of odd p hashes the groups of its loads 2 and
+  // 3. Lanes that exchange must loop together: the loop's test is the warp's last lane's (a
+  // thread's loads go in the same order, here or in the loop after).
+  constexpr bool kShare = Sketch::kFast && kGroupLoads == 2;
+  const uint64_t odd = kShare ? (p & 1) : 0;
+  const uint64_t group_step = stride / kGroupLoads * kIndexKey;
+  uint64_t group_key = (p / kGroupLoads + odd * stride) * kIndexKey + kSketchSalt;
+  const int sign_shift = Sketch::kFast ? Sketch::sign_shift(p) : 0;
+  const uint64_t lead = kShare ? 31 - (threadIdx.x & 31) : 0;  // to the warp's last lane's p
+  const uint64_t end = pairs > lead ? pairs - lead : 0;
+  for (; p + 3 * stride < end; p += 4 * stride, key += 4 * key_step) {
+    uint4 r[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) r[u] = __ldcs(v + p + u * stride);
+    uint32_t fields[2];  // kShare: loads 0 and 1, 2 and 3
+    if constexpr (kShare) {
+      const uint32_t mine = __byte_perm(Sketch::field(fmix64(group_key)),
+                                        Sketch::field(fmix64(group_key + group_step)), 0x5410);
+      group_key += 4 * group_step;
+      const uint32_t theirs = __shfl_xor_sync(0xFFFFFFFFu, mine, 1);
+      fields[0] = odd ? theirs : mine;
+      fields[1] = odd ? mine : theirs;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      uint64_t w0, w1;
+      split_words(r[u], w0, w1);
+      const uint64_t k = key + u * key_step;
+      hash += fmix64(w0 ^ k) + fmix64(w1 ^ (k + kIndexKey));
+      if constexpr (Sketch::kFast) {
+        uint32_t offset, signs;
+        if constexpr (kShare) {
+          const uint32_t f = fields[u / 2] >> (16 * (u % 2));
+          offset = f & kOffsetMask;
+          signs = f >> sign_shift;
+        } else {
+          const uint64_t group_word = fmix64(group_key);
+          group_key += group_step;
+          offset = Sketch::bucket_offset(group_word);
+          signs = static_cast<uint32_t>(group_word) >> sign_shift;
+        }
+        Acc vals[16 / Decode<K>::kComponentBytes];
+        decode_load<K>(w0, w1, vals);
+        chunk_sketch<K>(w0, w1, vals, kTrusted || st.all_finite(vals), offset, signs, a, st, sk);
+      } else {
+        chunk_stats<K>(w0, w1, a, st);
+        sk.pair(w0, w1, 2 * (p + u * stride), a);
+      }
+    }
+  }
+  for (; p < pairs; p += stride) {
+    uint64_t w0, w1;
+    split_words(__ldcs(v + p), w0, w1);
+    hash += mix_word(w0, 2 * p) + mix_word(w1, 2 * p + 1);
+    chunk<K>(w0, w1, p, a, st, sk);
+  }
+}
+
 // Block `block` of the `blocks` that fingerprint tensor `a`: which words a thread reads (and so
 // the partials) depends only on these, so a tensor fingerprinted alone or with others in one
 // launch (multi_kernel) gets bit-identical results.
@@ -609,78 +697,22 @@ __device__ __forceinline__ void fingerprint_blocks(const Args& a, uint32_t block
   const uint64_t stride = static_cast<uint64_t>(blocks) * kThreads;
   uint64_t j = static_cast<uint64_t>(block) * kThreads + threadIdx.x;
   if (kContiguous && (reinterpret_cast<uintptr_t>(a.data) & 15) == 0) {
-    // Main body: 16-byte loads, two words each, four loads in flight per thread.
-    const uint64_t pairs = a.nbytes / 16;
-    const uint4* v = reinterpret_cast<const uint4*>(a.data);
-    uint64_t p = j;
-    // mix_word(w, i) == fmix64(w ^ key(i)) with key(i) = i * kIndexKey + kIndexSalt: keys are
-    // advanced by addition instead of a 64-bit multiply per word.
-    const uint64_t key_step = 2 * stride * kIndexKey;
-    uint64_t key = 2 * p * kIndexKey + kIndexSalt;
-    // Likewise the sketch's: sketch_word(g) == fmix64(g * kIndexKey + kSketchSalt), and load
-    // p + stride's group is load p's plus stride / kLoadsPerGroup (stride is a multiple of
-    // kThreads), so its position in its group, and so its sign shift, stay the same.
-    using Sketch = ThreadSketch<K>;
-    constexpr uint64_t kGroupLoads = Sketch::kFast ? Sketch::kLoadsPerGroup : 1;
-    // float32: the two lanes of a pair (loads p and p + 1 of each stride) share every group, so
-    // each hashes two of their four group words per pass and they exchange the fields (bucket
-    // offset, sign bits) in one shuffle; the lane of odd p hashes the groups of its loads 2 and
-    // 3. Lanes that exchange must loop together: the loop's test is the warp's last lane's (a
-    // thread's loads go in the same order, here or in the loop after).
-    constexpr bool kShare = Sketch::kFast && kGroupLoads == 2;
-    const uint64_t odd = kShare ? (p & 1) : 0;
-    const uint64_t group_step = stride / kGroupLoads * kIndexKey;
-    uint64_t group_key = (p / kGroupLoads + odd * stride) * kIndexKey + kSketchSalt;
-    const int sign_shift = Sketch::kFast ? Sketch::sign_shift(p) : 0;
-    const uint64_t lead = kShare ? 31 - (threadIdx.x & 31) : 0;  // to the warp's last lane's p
-    const uint64_t end = pairs > lead ? pairs - lead : 0;
-    for (; p + 3 * stride < end; p += 4 * stride, key += 4 * key_step) {
-      uint4 r[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) r[u] = __ldcs(v + p + u * stride);
-      uint32_t fields[2];  // kShare: loads 0 and 1, 2 and 3
-      if constexpr (kShare) {
-        const uint32_t mine = __byte_perm(Sketch::field(fmix64(group_key)),
-                                          Sketch::field(fmix64(group_key + group_step)), 0x5410);
-        group_key += 4 * group_step;
-        const uint32_t theirs = __shfl_xor_sync(0xFFFFFFFFu, mine, 1);
-        fields[0] = odd ? theirs : mine;
-        fields[1] = odd ? mine : theirs;
+    if constexpr (ThreadSketch<K>::kFast) {
+      // Values are nearly always all finite: trusting them saves a test per load. A NaN or an
+      // infinity leaves the sum non-finite (a sum of finite values in double overflows only
+      // from float64 values, and then it costs this second pass too), and the warp (whose
+      // lanes may exchange group words) reads its loads again from a clean state.
+      contiguous_body<K, true>(a, j, stride, hash, st, sk);
+      if (__any_sync(0xFFFFFFFFu, !isfinite(st.sum))) {
+        st = ThreadStats<Acc>();
+        sk.clear();
+        hash = 0;
+        contiguous_body<K, false>(a, j, stride, hash, st, sk);
       }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        uint64_t w0, w1;
-        split_words(r[u], w0, w1);
-        const uint64_t k = key + u * key_step;
-        hash += fmix64(w0 ^ k) + fmix64(w1 ^ (k + kIndexKey));
-        if constexpr (Sketch::kFast) {
-          uint32_t offset, signs;
-          if constexpr (kShare) {
-            const uint32_t f = fields[u / 2] >> (16 * (u % 2));
-            offset = f & kOffsetMask;
-            signs = f >> sign_shift;
-          } else {
-            const uint64_t group_word = fmix64(group_key);
-            group_key += group_step;
-            offset = Sketch::bucket_offset(group_word);
-            signs = static_cast<uint32_t>(group_word) >> sign_shift;
-          }
-          Acc vals[16 / Decode<K>::kComponentBytes];
-          decode_load<K>(w0, w1, vals);
-          chunk_sketch<K>(w0, w1, vals, st.all_finite(vals), offset, signs, a, st, sk);
-        } else {
-          chunk_stats<K>(w0, w1, a, st);
-          sk.pair(w0, w1, 2 * (p + u * stride), a);
-        }
-      }
+    } else {
+      contiguous_body<K, false>(a, j, stride, hash, st, sk);
     }
-    for (; p < pairs; p += stride) {
-      uint64_t w0, w1;
-      split_words(__ldcs(v + p), w0, w1);
-      hash += mix_word(w0, 2 * p) + mix_word(w1, 2 * p + 1);
-      chunk<K>(w0, w1, p, a, st, sk);
-    }
-    j = 2 * pairs + j;  // the at most one leftover word (and the zero-padded tail)
+    j = 2 * (a.nbytes / 16) + j;  // the at most one leftover word (and the zero-padded tail)
   }
   for (; j < a.nwords; j += stride) {
     int valid;
@@ -1071,8 +1103,11 @@ Plan GpuFingerprinter::plan(const TensorView& view, int64_t head_elements) const
       std::min<uint64_t>(a.nbytes, static_cast<uint64_t>(head_elements) * view.itemsize));
   a.head_bytes = std::min(a.head_bytes, kHeadBytes);
   // Four blocks per SM keep enough loads in flight for DRAM while bounding the partials each
-  // launch writes and the host reduces.
-  const uint64_t per_block = static_cast<uint64_t>(kThreads) * 8;  // words per block per pass
+  // launch writes and the host reduces. A block gets at least four passes of its threads' loads
+  // (32 words a thread): its fixed cost (zeroing and reducing the sketch, publishing its partial
+  // over the bus) is paid once per 64 KiB, which matters in a list's launch (AdamW's 148
+  // parameters: 21,000 blocks of one pass took half as long again as 5,500 of four).
+  const uint64_t per_block = static_cast<uint64_t>(kThreads) * 32;
   p.blocks = std::max<uint64_t>(
       1, std::min<uint64_t>(max_blocks_, (a.nwords + per_block - 1) / per_block));
   return p;
