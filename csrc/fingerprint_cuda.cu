@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 
 #include "cupti_activity.h"
 #include "fingerprint_cuda.h"
@@ -411,8 +412,9 @@ __device__ __forceinline__ void chunk_sketch(uint64_t w0, uint64_t w1,
   }
 }
 
-// chunk_stats() and ThreadSketch::pair() of 16-byte load `p` (words 2p and 2p + 1, all valid).
-template <int K>
+// chunk_stats() and ThreadSketch::pair() of 16-byte load `p` (words 2p and 2p + 1, all valid);
+// kTrusted as for contiguous_body().
+template <int K, bool kTrusted = false>
 __device__ __forceinline__ void chunk(uint64_t w0, uint64_t w1, uint64_t p, const Args& a,
                                       ThreadStats<typename Decode<K>::Acc>& st,
                                       ThreadSketch<K>& sk) {
@@ -421,7 +423,7 @@ __device__ __forceinline__ void chunk(uint64_t w0, uint64_t w1, uint64_t p, cons
     const uint64_t group_word = sketch_word(p / Sketch::kLoadsPerGroup);
     typename Decode<K>::Acc v[16 / Decode<K>::kComponentBytes];
     decode_load<K>(w0, w1, v);
-    chunk_sketch<K>(w0, w1, v, st.all_finite(v), Sketch::bucket_offset(group_word),
+    chunk_sketch<K>(w0, w1, v, kTrusted || st.all_finite(v), Sketch::bucket_offset(group_word),
                     static_cast<uint32_t>(group_word) >> Sketch::sign_shift(p), a, st, sk);
   } else {
     chunk_stats<K>(w0, w1, a, st);
@@ -685,6 +687,28 @@ __device__ __forceinline__ void contiguous_body(const Args& a, uint64_t first, u
   }
 }
 
+// Runs `body` (a thread's reads of a tensor, given std::true_type to trust its values to be
+// finite, std::false_type to test them) trusted where the kind's loads can be (kFast): values
+// are nearly always all finite, and trusting them saves a test per load. A NaN or an infinity
+// leaves the stats' sum non-finite (a sum of finite values in double overflows only from
+// float64 values, and then it costs the second pass too), and the warp (whose lanes may
+// exchange group words) reads its values again, tested, from a clean state.
+template <int K, typename Body>
+__device__ __forceinline__ void trusting(uint64_t& hash, ThreadStats<typename Decode<K>::Acc>& st,
+                                         ThreadSketch<K>& sk, Body body) {
+  if constexpr (ThreadSketch<K>::kFast) {
+    body(std::true_type{});
+    if (__any_sync(0xFFFFFFFFu, !isfinite(st.sum))) {
+      st = ThreadStats<typename Decode<K>::Acc>();
+      sk.clear();
+      hash = 0;
+      body(std::false_type{});
+    }
+  } else {
+    body(std::false_type{});
+  }
+}
+
 // Block `block` of the `blocks` that fingerprint tensor `a`: which words a thread reads (and so
 // the partials) depends only on these, so a tensor fingerprinted alone or with others in one
 // launch (multi_kernel) gets bit-identical results.
@@ -697,21 +721,9 @@ __device__ __forceinline__ void fingerprint_blocks(const Args& a, uint32_t block
   const uint64_t stride = static_cast<uint64_t>(blocks) * kThreads;
   uint64_t j = static_cast<uint64_t>(block) * kThreads + threadIdx.x;
   if (kContiguous && (reinterpret_cast<uintptr_t>(a.data) & 15) == 0) {
-    if constexpr (ThreadSketch<K>::kFast) {
-      // Values are nearly always all finite: trusting them saves a test per load. A NaN or an
-      // infinity leaves the sum non-finite (a sum of finite values in double overflows only
-      // from float64 values, and then it costs this second pass too), and the warp (whose
-      // lanes may exchange group words) reads its loads again from a clean state.
-      contiguous_body<K, true>(a, j, stride, hash, st, sk);
-      if (__any_sync(0xFFFFFFFFu, !isfinite(st.sum))) {
-        st = ThreadStats<Acc>();
-        sk.clear();
-        hash = 0;
-        contiguous_body<K, false>(a, j, stride, hash, st, sk);
-      }
-    } else {
-      contiguous_body<K, false>(a, j, stride, hash, st, sk);
-    }
+    trusting(hash, st, sk, [&](auto trusted) {
+      contiguous_body<K, decltype(trusted)::value>(a, j, stride, hash, st, sk);
+    });
     j = 2 * (a.nbytes / 16) + j;  // the at most one leftover word (and the zero-padded tail)
   }
   for (; j < a.nwords; j += stride) {
@@ -805,7 +817,7 @@ struct RowLoad {
   __device__ __forceinline__ void load(const uint8_t* p) {
     w = __ldcs(reinterpret_cast<const unsigned long long*>(p));
   }
-  template <int K>
+  template <int K, bool kTrusted>
   __device__ __forceinline__ void consume(uint64_t j, const Args& a, uint64_t& hash,
                                           ThreadStats<typename Decode<K>::Acc>& st,
                                           ThreadSketch<K>& sk) const {
@@ -820,14 +832,14 @@ struct RowLoad<true> {
   __device__ __forceinline__ void load(const uint8_t* p) {
     r = __ldcs(reinterpret_cast<const uint4*>(p));
   }
-  template <int K>
+  template <int K, bool kTrusted>
   __device__ __forceinline__ void consume(uint64_t j, const Args& a, uint64_t& hash,
                                           ThreadStats<typename Decode<K>::Acc>& st,
                                           ThreadSketch<K>& sk) const {
     uint64_t w0, w1;
     split_words(r, w0, w1);
     hash += mix_word(w0, j) + mix_word(w1, j + 1);
-    chunk<K>(w0, w1, j / 2, a, st, sk);
+    chunk<K, kTrusted>(w0, w1, j / 2, a, st, sk);
   }
 };
 
@@ -838,14 +850,12 @@ struct RowLoad<true> {
 // so a warp reads several short rows side by side; each warp walks a contiguous range of rows,
 // 32 bytes of rows per lane in flight, the rows' addresses advanced rather than divided out.
 // Four blocks per SM stay resident (64 registers a thread), as with the contiguous kernel.
-template <int K, bool kPairs>
-__global__ void __launch_bounds__(kThreads, 4) rows_kernel(const Args a) {
-  using Acc = typename Decode<K>::Acc;
+template <int K, bool kPairs, bool kTrusted>
+__device__ __forceinline__ void rows_body(const Args& a, uint64_t& hash,
+                                          ThreadStats<typename Decode<K>::Acc>& st,
+                                          ThreadSketch<K>& sk) {
   constexpr int kWords = kPairs ? 2 : 1;     // words per load
   constexpr int kInFlight = kPairs ? 2 : 4;  // 32 bytes of each lane's rows in flight
-  ThreadStats<Acc> st;
-  ThreadSketch<K> sk;
-  uint64_t hash = 0;
   const uint64_t row_words = static_cast<uint64_t>(a.sizes[a.ndim - 1]) * a.itemsize / 8;
   const uint64_t row_loads = row_words / kWords;
   const uint64_t rows = a.nwords / row_words;
@@ -865,7 +875,7 @@ __global__ void __launch_bounds__(kThreads, 4) rows_kernel(const Args a) {
       for (uint64_t c = col; c < row_loads; c += group) {
         RowLoad<kPairs> load;
         load.load(start + c * 8 * kWords);
-        load.template consume<K>(first_word + c * kWords, a, hash, st, sk);
+        load.template consume<K, kTrusted>(first_word + c * kWords, a, hash, st, sk);
       }
     }
   } else {  // several rows side by side, kInFlight of them per lane before any is consumed
@@ -887,10 +897,23 @@ __global__ void __launch_bounds__(kThreads, 4) rows_kernel(const Args a) {
       for (int u = 0; u < kInFlight; ++u) {
         if (u < taken && col < row_loads) {
           const uint64_t row = first_row + u * step;
-          loads[u].template consume<K>(row * row_words + col * kWords, a, hash, st, sk);
+          loads[u].template consume<K, kTrusted>(row * row_words + col * kWords, a, hash, st, sk);
         }
       }
     }
+  }
+}
+
+template <int K, bool kPairs>
+__global__ void __launch_bounds__(kThreads, 4) rows_kernel(const Args a) {
+  ThreadStats<typename Decode<K>::Acc> st;
+  ThreadSketch<K> sk;
+  uint64_t hash = 0;
+  if constexpr (kPairs) {
+    trusting(hash, st, sk,
+             [&](auto trusted) { rows_body<K, true, decltype(trusted)::value>(a, hash, st, sk); });
+  } else {
+    rows_body<K, false, false>(a, hash, st, sk);
   }
   write_head(a, blockIdx.x, false);
   publish(a, blockIdx.x, hash, st, sk);
