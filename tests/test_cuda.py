@@ -166,6 +166,25 @@ def test_gpu_sketch_equals_the_cpus(dtype: torch.dtype) -> None:
             _assert_same_sketch(_gpu_fields(d), fingerprint_fields(c))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
+def test_a_lone_nan_and_infinity_give_the_cpus_stats_and_sketch(dtype: torch.dtype) -> None:
+    """The kernels trust values to be finite and read a warp's values again, tested, when one
+    is not: a NaN and an -inf among 4M finite values (contiguous, and as permuted rows) give the
+    CPU's counts, stats and sketch of the finite part, whichever warps met them."""
+    g = torch.Generator().manual_seed(5)
+    cpu = _normal((64, 64, 16, 64), dtype, g)
+    cpu.view(-1)[123457] = float("nan")
+    cpu.view(-1)[4000001] = -float("inf")
+    gpu = cpu.cuda()
+    for c, d in [(cpu, gpu), (cpu.permute(0, 2, 1, 3), gpu.permute(0, 2, 1, 3))]:
+        got, expected = _gpu_fields(d), fingerprint_fields(c)
+        assert got["h"] == expected["h"]
+        assert got["m"][4:] == expected["m"][4:] and expected["m"][4] == 1
+        for e, v in zip(expected["m"][:4], got["m"][:4], strict=True):
+            assert v == pytest.approx(e, rel=1e-5, abs=1e-30)
+        _assert_same_sketch(got, expected)
+
+
 def test_gpu_sketch_of_batched_launches_equals_the_cpus(tmp_path: Path) -> None:
     """Contiguous tensors of one dtype fingerprinted together share launches (a _foreach_ op's
     list; step-level entries carry no sketch): each input gets the CPU's sketch, a tensor with a
