@@ -80,7 +80,7 @@ def moves(op: OpRecord) -> bool:
     """Whether ``op`` only moves values: a moving op whose tensors are all of one dtype (a copy
     into another dtype rounds)."""
     tensors = (*op.inputs, *op.outputs)
-    return base_name(op.op).removesuffix("_") in MOVING_OPS and len({t.dtype for t in tensors}) == 1
+    return family(op.op) in MOVING_OPS and len({t.dtype for t in tensors}) == 1
 
 
 # Moving ops whose outputs hold only a part of their input (the others hold every value).
@@ -92,13 +92,13 @@ SELECTING_OPS = frozenset(
 def keeps_every_value(op: OpRecord) -> bool:
     """Whether ``op`` only moves values and its outputs hold every value of its inputs, so
     that an input differs by no more than the outputs do (a ``stack``, a transpose)."""
-    return moves(op) and base_name(op.op).removesuffix("_") not in SELECTING_OPS
+    return moves(op) and family(op.op) not in SELECTING_OPS
 
 
 def data_input(op: OpRecord) -> int | None:
     """The input whose values the outputs of moving op ``op`` hold (``copy_``'s source, else
     the first); None where they hold several inputs' (``cat``, ``stack``)."""
-    name = base_name(op.op).removesuffix("_")
+    name = family(op.op)
     if name in ("cat", "stack"):
         return None
     return 1 if name == "copy" else 0
@@ -106,7 +106,7 @@ def data_input(op: OpRecord) -> int | None:
 
 def divides(op: str) -> bool:
     """Whether op ``op`` (``aten::addcdiv_.default``) divides by a tensor."""
-    return base_name(op).removesuffix("_") in DIVIDING_OPS
+    return family(op) in DIVIDING_OPS
 
 
 def dtype_unit(dtype: str) -> float | None:
@@ -117,6 +117,12 @@ def dtype_unit(dtype: str) -> float | None:
 def base_name(op: str) -> str:
     """``mm`` of ``aten::mm.default``."""
     return op.rpartition("::")[2].partition(".")[0]
+
+
+def family(op: str) -> str:
+    """What the op-name sets above are keyed by: ``copy`` of ``aten::copy_.default`` (an
+    in-place op rounds and moves as its out-of-place form does)."""
+    return base_name(op).removesuffix("_")
 
 
 def compute_unit(op: OpRecord, environments: Iterable[Environment]) -> float | None:

@@ -442,7 +442,16 @@ class Judge:
 
     def _paired(self, index_a: int, index_b: int) -> bool:
         """Whether A's op ``index_a`` and B's ``index_b`` are one op in both runs."""
-        return self.alignment.b_of(index_a) == index_b and (index_a, index_b) not in self._unpaired
+        return self._partner(Side.A, index_a) == index_b
+
+    def _partner(self, side: Side, index: int) -> int | None:
+        """The other run's op that ``side``'s op ``index`` is one op with: aligned to it and
+        not told apart (an unpaired pair is two ops); None where there is none."""
+        other = (self.alignment.b_of if side is Side.A else self.alignment.a_of)(index)
+        if other is None:
+            return None
+        pair = (index, other) if side is Side.A else (other, index)
+        return None if pair in self._unpaired else other
 
     def _source_judgement(
         self,
@@ -491,16 +500,12 @@ class Judge:
         for side, produced in zip(Side, producers, strict=True):
             if produced is None:
                 continue
-            partner = self.alignment.b_of if side is Side.A else self.alignment.a_of
             trace = self.traces[side.value]
             pending, seen = [produced], {produced[0]}
             while pending and len(seen) <= MAX_REGION:
                 index, slot = pending.pop()
                 op = trace.op(index)
-                other = partner(index)
-                pair = (index, other) if side is Side.A else (other, index)
-                if pair in self._unpaired:
-                    other = None
+                other = self._partner(side, index)
                 if other is not None and not self._views(side, op, other, slot):
                     largest = max(largest, self._aligned_distance(side, index, other))
                     continue
