@@ -16,8 +16,10 @@ from conftest import cli_in_process
 
 from opguard.analysis import diff_runs
 from opguard.analysis.contract import to_json
+from opguard.analysis.rows import Side
 from opguard.analysis.tolerant import Tolerance
 from opguard.store import Run
+from opguard.tui.session import Session
 
 pytestmark = pytest.mark.skipif(
     not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
@@ -99,3 +101,28 @@ def test_the_report_says_shards_were_not_compared(tp_runs: dict[str, Path]) -> N
         "explain", str(tp_runs["tp1"]), str(tp_runs["tp2_bug"]), "--tolerant"
     )
     assert code == 1 and "aten::addmm.default" in out
+
+
+def test_the_debugger_steps_through_each_tp_rank_against_the_single_one(
+    tp_runs: dict[str, Path],
+) -> None:
+    """``opguard tui RUN_TP2 RUN_TP1 --tolerant`` pairs the ranks as the diff does, every TP
+    rank against the single process (rank 1 was "only in run A" before), and its rows align as
+    the diff's walk does: the pair the diff names on rank 1 is one row of the debugger."""
+    with Run(tp_runs["tp2_bug"]) as run_a, Run(tp_runs["tp1"]) as run_b:
+        diff = diff_runs(run_a, run_b, rank=1, tolerance=Tolerance()).ranks[0]
+    assert diff.first is not None
+    session = Session.open(tp_runs["tp2_bug"], tp_runs["tp1"], Tolerance())
+    try:
+        assert session.ranks == [0, 1] and session.notices(1) == []
+        for rank in session.ranks:
+            assert session.trace(Side.A, rank).rank == rank
+            assert session.trace(Side.B, rank).rank == 0
+        rows = session.rows(1)
+        rows.set_diff(diff)
+        assert rows.first is not None
+        row = rows.row_of(Side.A, rows.first[0])
+        assert row is not None and row.b is not None and row.b.index == rows.first[1]
+        assert row.a is not None and row.a.name == "aten::addmm.default"
+    finally:
+        session.close()

@@ -648,7 +648,7 @@ def diff_runs(
     step: int | None = None,
     tolerance: Tolerance | None = None,
 ) -> RunDiff:
-    pairs = _rank_pairs(run_a, run_b, rank, tolerance)
+    pairs = compared_ranks(run_a, run_b, rank, tolerance)
     if len(pairs) == 1:
         (pair,) = pairs
         trace_a, trace_b = run_a.rank(pair.rank_a), run_b.rank(pair.rank_b)
@@ -692,7 +692,7 @@ def diff_runs(
 
 
 @dataclass(frozen=True, slots=True)
-class _RankPair:
+class RankPair:
     """The rank of each run one comparison reads; across layouts, (degree, rank reported)."""
 
     rank_a: int
@@ -703,10 +703,15 @@ class _RankPair:
     def ranks(self) -> tuple[int, int]:
         return self.rank_a, self.rank_b
 
+    @property
+    def reported(self) -> int:
+        """The rank the comparison is reported as: across layouts the larger run's."""
+        return self.layout[1] if self.layout is not None else self.rank_a
 
-def _rank_pairs(
+
+def compared_ranks(
     run_a: Run, run_b: Run, rank: int | None, tolerance: Tolerance | None
-) -> list[_RankPair]:
+) -> list[RankPair]:
     """The ranks compared: rank by rank (``rank`` alone when given); with a tolerance, runs
     whose world sizes differ by a layout's degree (TP=N against TP=1) pair each rank of the
     larger run with the single rank of the other (``rank``: of the larger run)."""
@@ -715,7 +720,7 @@ def _rank_pairs(
     if degree is not None and paired is not None:
         wide = 0 if len(run_a.ranks) > len(run_b.ranks) else 1
         found = [
-            _RankPair(a, b, (degree, (a, b)[wide]))
+            RankPair(a, b, (degree, (a, b)[wide]))
             for a, b in paired
             if rank is None or (a, b)[wide] == rank
         ]
@@ -724,17 +729,20 @@ def _rank_pairs(
             raise TraceError(f"rank {rank} is not in run {'AB'[wide]} (ranks {ranks})")
         return found
     if rank is not None:
-        return [_RankPair(rank, rank)]
+        return [RankPair(rank, rank)]
     ranks = sorted(set(run_a.ranks) & set(run_b.ranks))
     if not ranks:
-        raise TraceError(f"no rank recorded in both runs (A: {run_a.ranks}, B: {run_b.ranks})")
-    return [_RankPair(k, k) for k in ranks]
+        raise TraceError(
+            f"no rank recorded in both runs (A: {run_a.ranks or 'none'}, "
+            f"B: {run_b.ranks or 'none'})"
+        )
+    return [RankPair(k, k) for k in ranks]
 
 
 def _diff_in_parallel(
     path_a: str,
     path_b: str,
-    pairs: list[_RankPair],
+    pairs: list[RankPair],
     step: int | None,
     tolerance: Tolerance | None,
 ) -> list[RankDiff]:
@@ -749,7 +757,7 @@ def _diff_in_parallel(
 
 
 def _diff_rank_of(
-    path_a: str, path_b: str, pair: _RankPair, step: int | None, tolerance: Tolerance | None
+    path_a: str, path_b: str, pair: RankPair, step: int | None, tolerance: Tolerance | None
 ) -> RankDiff:
     """:func:`diff_rank` in a worker process, which opens the traces itself."""
     with Run(path_a) as run_a, Run(path_b) as run_b:

@@ -20,6 +20,7 @@ from ..store.records import UNKNOWN_SITE
 from .align import AlignReader, align_step, columns_of, merge, pairs_of, records_of
 from .diff import RankDiff, StepSummary
 from .keys import KeyTable, LightOp
+from .layouts import LayoutReader
 from .steps import StepIndex
 from .verdict import Side
 
@@ -69,9 +70,9 @@ class Row:
 class _Lines:
     """Turns one trace's raw ops into (alignment view, list line) pairs."""
 
-    def __init__(self, trace: RankTrace, table: KeyTable) -> None:
+    def __init__(self, trace: RankTrace, table: KeyTable, reader: type[AlignReader]) -> None:
         self.trace = trace
-        self._light = AlignReader(trace, table)
+        self._light = reader(trace, table)
         self._names = trace.op_names
         self._sites = trace.sites
         self._depths = {ident: len(stack) for ident, stack in trace.stacks.items()}
@@ -93,9 +94,15 @@ class _Lines:
 class RankRows:
     """Rows of one rank, step by step. Safe to use from a worker thread and the UI at once."""
 
-    def __init__(self, trace_a: RankTrace, trace_b: RankTrace) -> None:
+    def __init__(
+        self, trace_a: RankTrace, trace_b: RankTrace, across_layouts: bool = False
+    ) -> None:
+        """``across_layouts``: two ranks of runs in different parallel layouts (TP=N against
+        TP=1), whose ops align as the tolerant diff aligns them, by call site and the rank of
+        their shapes (a shard lines up with the tensor it is a part of)."""
         table = KeyTable()
-        self._lines = (_Lines(trace_a, table), _Lines(trace_b, table))
+        reader = LayoutReader if across_layouts else AlignReader
+        self._lines = (_Lines(trace_a, table, reader), _Lines(trace_b, table, reader))
         self._fetch = records_of(trace_a, trace_b)
         self.index = (StepIndex(trace_a), StepIndex(trace_b))
         self.steps: Sequence[int] = sorted(

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..analysis import RankDiff
-from ..analysis.diff import by_steps_only
+from ..analysis.diff import RankPair, by_steps_only, compared_ranks
 from ..analysis.rows import RankRows, Side
 from ..analysis.tolerant import Tolerance
-from ..store import RankTrace, Run, TraceError
+from ..store import RankTrace, Run
 
 # Below this share of aligned ops the runs are probably not two versions of one program.
 SAME_PROGRAM_ALIGNED = 0.5
@@ -31,7 +31,9 @@ class RunState:
 
 
 class Session:
-    """Two opened runs, the ranks both recorded, and one row model per rank."""
+    """Two opened runs, the ranks compared (as the diff pairs them: rank by rank, or under
+    ``--tolerant`` each rank of a TP=N run against the one rank of a TP=1 run, known by the
+    larger run's rank), and one row model per rank."""
 
     def __init__(
         self,
@@ -43,7 +45,10 @@ class Session:
         self.runs = (run_a, run_b)
         self.labels = labels
         self.tolerance = tolerance  # --tolerant: differences judged against rounding
-        self.ranks = sorted(set(run_a.ranks) & set(run_b.ranks))
+        self._pairs: dict[int, RankPair] = {
+            pair.reported: pair for pair in compared_ranks(run_a, run_b, None, tolerance)
+        }
+        self.ranks = sorted(self._pairs)
         self._rows: dict[int, RankRows] = {}
 
     @classmethod
@@ -57,11 +62,6 @@ class Session:
             for path in (path_a, path_b):
                 runs.append(Run(path))
             session = cls(runs[0], runs[1], (str(path_a), str(path_b)), tolerance)
-            if not session.ranks:
-                raise TraceError(
-                    f"no rank recorded in both runs (A: {runs[0].ranks or 'none'}, "
-                    f"B: {runs[1].ranks or 'none'})"
-                )
             session.rows(session.ranks[0])
         except BaseException:
             for run in runs:
@@ -70,13 +70,18 @@ class Session:
         return session
 
     def trace(self, side: Side, rank: int) -> RankTrace:
-        return self.runs[side.value].rank(rank)
+        """The trace of run ``side`` that rank ``rank``'s comparison reads."""
+        return self.runs[side.value].rank(self._pairs[rank].ranks[side.value])
 
     def rows(self, rank: int) -> RankRows:
         """The row model of ``rank`` (opened on first use; :class:`TraceError` if unreadable)."""
         rows = self._rows.get(rank)
         if rows is None:
-            rows = self._rows[rank] = RankRows(self.trace(Side.A, rank), self.trace(Side.B, rank))
+            rows = self._rows[rank] = RankRows(
+                self.trace(Side.A, rank),
+                self.trace(Side.B, rank),
+                across_layouts=self._pairs[rank].layout is not None,
+            )
         return rows
 
     def by_steps(self, rank: int) -> bool:
@@ -100,7 +105,8 @@ class Session:
                     f"run {side.name}: recording stopped at op {trace.failure['at_op']}: "
                     f"{trace.failure['error']}"
                 )
-            only = sorted(set(run.ranks) - set(self.ranks))
+            compared = {pair.ranks[side.value] for pair in self._pairs.values()}
+            only = sorted(set(run.ranks) - compared)
             if only:
                 notes.append(f"rank(s) {only} only in run {side.name}: not compared")
         return notes
