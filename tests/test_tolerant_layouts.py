@@ -14,6 +14,9 @@ import pytest
 import torch
 from conftest import cli_in_process
 
+from opguard.agent import OpFocus, TraceTools
+from opguard.agent.config import AgentSettings
+from opguard.agent.panel import AgentChat
 from opguard.analysis import diff_runs
 from opguard.analysis.contract import to_json
 from opguard.analysis.rows import Side
@@ -126,3 +129,20 @@ def test_the_debugger_steps_through_each_tp_rank_against_the_single_one(
         assert row.a is not None and row.a.name == "aten::addmm.default"
     finally:
         session.close()
+
+
+def test_the_agent_of_a_tolerant_debugger_reads_the_paired_ranks(tp_runs: dict[str, Path]) -> None:
+    """The debugger's agent under ``--tolerant`` is given the tolerant diff (not the first
+    bitwise difference), and its tools read each rank's comparison from the ranks it paired:
+    run B's op on rank 1 is the single process's (B has no rank 1)."""
+    with Run(tp_runs["tp2_bug"]) as run_a, Run(tp_runs["tp1"]) as run_b:
+        chat = AgentChat.for_runs(run_a, run_b, tolerance=Tolerance(), settings=AgentSettings())
+        session = chat.opener()
+        assert session.result.tolerance is not None and session.result.diverged
+        by_rank = {r.rank: r for r in session.result.ranks}
+        tools = TraceTools(run_a, run_b, 1, {k: r.trace_ranks for k, r in by_rank.items()})
+        named = by_rank[1].first
+        assert named is not None and named.b is not None
+        trace, op = tools.op("b", named.b.index)
+        assert trace.rank == 0 and op.op == "aten::addmm.default"
+        assert tools.describe(OpFocus("b", named.b.index, 1)).startswith("run B, rank 1:")

@@ -22,6 +22,7 @@ from textual.message import Message
 from textual.widgets import Checkbox, Input, Markdown, Static
 
 from ..analysis import diff_runs
+from ..analysis.tolerant import Tolerance
 from ..store import Run, TraceError
 from .budget import Bound, Budget, BudgetRefused
 from .config import AgentSettings, ConfigError, resolve_settings
@@ -52,7 +53,7 @@ class AgentChat(Vertical):
     def __init__(self, opener: Callable[[], Session], *, id: str | None = None) -> None:
         """``opener`` builds the session; it runs in a worker thread once mounted."""
         super().__init__(id=id)
-        self._opener = opener
+        self.opener = opener
         self.session: Session | None = None
         self.focus_op: OpFocus | None = None
         self._bound: Bound | None = None
@@ -63,15 +64,18 @@ class AgentChat(Vertical):
         run_a: Run,
         run_b: Run,
         *,
+        tolerance: Tolerance | None = None,
         settings: AgentSettings | None = None,
         complete: Completion | None = None,
     ) -> AgentChat:
         """The chat about two opened runs, with settings from the environment and the config
-        file unless given."""
+        file unless given; ``tolerance`` (``opguard tui --tolerant``): about the difference
+        beyond rounding, as the debugger shows it, not the first bitwise one."""
 
         def opener() -> Session:
             chosen = settings if settings is not None else resolve_settings({})
-            return open_session(diff_runs(run_a, run_b), run_a, run_b, chosen, complete)
+            result = diff_runs(run_a, run_b, tolerance=tolerance)
+            return open_session(result, run_a, run_b, chosen, complete)
 
         return cls(opener)
 
@@ -121,7 +125,7 @@ class AgentChat(Vertical):
     @work(thread=True, group="agent-open", exclusive=True, exit_on_error=False)
     def _open(self) -> None:
         try:
-            self.post_message(self.Opened(self._opener()))
+            self.post_message(self.Opened(self.opener()))
         except (ConfigError, TraceError) as exc:
             self.post_message(self.OpenFailed(str(exc)))
 

@@ -56,5 +56,7 @@ def open_session(
         settings = settings.for_provider(missing_keys)
         complete = LiteLLMCompletion()
     evidence = build_evidence(result, run_a, run_b, model=settings.model)
-    agent = Agent(evidence, settings, budget, TraceTools(run_a, run_b, first.rank), complete)
+    paired = {r.rank: r.trace_ranks for r in result.ranks}
+    tools = TraceTools(run_a, run_b, first.rank, paired)
+    agent = Agent(evidence, settings, budget, tools, complete)
     return Session(result, evidence, settings, agent)

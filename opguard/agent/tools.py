@@ -85,11 +85,20 @@ class OpFocus:
 
 
 class TraceTools:
-    """Answers tool calls from rank ``rank`` of both runs."""
+    """Answers tool calls from rank ``rank`` of both runs. ``paired``: the ranks of run A and
+    of run B that each rank's comparison read where they differ (across parallel layouts,
+    :attr:`~opguard.analysis.diff.RankDiff.trace_ranks`); elsewhere a rank is both runs'."""
 
-    def __init__(self, run_a: Run, run_b: Run, rank: int) -> None:
+    def __init__(
+        self,
+        run_a: Run,
+        run_b: Run,
+        rank: int,
+        paired: Mapping[int, tuple[int, int]] | None = None,
+    ) -> None:
         self._runs = {"a": run_a, "b": run_b}
         self.rank = rank
+        self._paired = dict(paired or {})
 
     def call(self, name: str, arguments: Mapping[str, Any]) -> str:
         tool = BY_NAME.get(name)
@@ -109,7 +118,8 @@ class TraceTools:
 
     def op(self, run: str, index: int, rank: int | None = None) -> tuple[RankTrace, OpRecord]:
         """Op ``index`` of run ``run`` (``"a"`` or ``"b"``) and its rank's trace."""
-        trace = self._runs[run].rank(self.rank if rank is None else rank)
+        rank = self.rank if rank is None else rank
+        trace = self._runs[run].rank(self._paired.get(rank, (rank, rank))["ab".index(run)])
         return trace, trace.op(index)
 
 

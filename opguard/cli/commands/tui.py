@@ -32,7 +32,9 @@ def run(args: argparse.Namespace) -> int:
         from ...agent.panel import AgentChat
         from ...tui.app import OpguardApp
 
-        OpguardApp(session, agent=lambda: AgentChat.for_runs(*session.runs)).run()
+        OpguardApp(
+            session, agent=lambda: AgentChat.for_runs(*session.runs, tolerance=session.tolerance)
+        ).run()
     finally:
         session.close()
     return 0
