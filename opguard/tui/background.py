@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..analysis import diff_runs
-from ..analysis.diff import compared_ranks
 from ..analysis.rows import Side
 from ..analysis.tolerant import Tolerance, parse_tolerance
 from ..store import Run
@@ -37,13 +36,11 @@ def compare(
 
     try:
         with Run(path_a) as run_a, Run(path_b) as run_b:
-            send("diff", diff_runs(run_a, run_b, rank=rank, tolerance=tolerance).ranks[0])
-            (pair,) = compared_ranks(run_a, run_b, rank, tolerance)
+            result = diff_runs(run_a, run_b, rank=rank, tolerance=tolerance).ranks[0]
+            send("diff", result)
             runs = {Side.A: run_a, Side.B: run_b}
-            send(
-                "loss",
-                {side: loss_series(run.rank(pair.ranks[side.value])) for side, run in runs.items()},
-            )
+            traces = {side: run.rank(result.trace_ranks[side.value]) for side, run in runs.items()}
+            send("loss", {side: loss_series(trace) for side, trace in traces.items()})
     except Exception as exc:
         send("error", f"{type(exc).__name__}: {exc}")
 
