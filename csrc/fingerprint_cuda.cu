@@ -608,7 +608,7 @@ __device__ __forceinline__ void write_head(const Args& a, uint32_t block, bool c
 // (two words each), every `stride`-th, four in flight per thread. kTrusted (for the kinds with
 // ThreadSketch<K>::kFast) takes every value to be finite: no test per load, and NaNs and
 // infinities give wrong stats and sketch sums; the caller sees them in the stats' sum, which
-// they leave non-finite, and runs the body again untrusted (see fingerprint_blocks).
+// they leave non-finite, and runs the body again untrusted (see trusting()).
 template <int K, bool kTrusted>
 __device__ __forceinline__ void contiguous_body(const Args& a, uint64_t first, uint64_t stride,
                                                 uint64_t& hash,
