@@ -1,4 +1,4 @@
-"""Calibrates the tolerant diff's rule ``d_out <= A * d_in + R * u`` (opguard/analysis/tolerant.py)
+"""Calibrates the tolerant diff's rule ``d_out <= A * d_in + R * u`` (opguard/analysis/tolerant/rule.py)
 on rounding-only pairs: a small MLP trained a few steps in float32 twice, once as PyTorch computes
 it (run A) and once with every op computed in float64 and rounded to float32 (run B: another,
 correctly rounded implementation of every kernel). Both runs execute the same ops in the same
@@ -22,7 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-from opguard.analysis.tolerant import A_FACTOR, R_FACTOR
+from opguard.analysis.tolerant.rule import A_FACTOR, R_FACTOR
 
 U32 = 2.0**-24
 

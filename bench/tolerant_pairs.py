@@ -39,10 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from opguard.analysis.align import AlignReader, align_step, pairs_of, records_of
-from opguard.analysis.elementwise import Elements
-from opguard.analysis.keys import KeyTable
-from opguard.analysis.layouts import (
+from opguard.analysis.align.keys import KeyTable, OpKeys
+from opguard.analysis.align.layouts import (
     OnlyKind,
     PairKind,
     Relation,
@@ -50,9 +48,12 @@ from opguard.analysis.layouts import (
     layout_step,
     relate,
 )
-from opguard.analysis.steps import StepIndex
+from opguard.analysis.align.passes import align_step, pairs_of, records_of
+from opguard.analysis.align.steps import StepIndex
+from opguard.analysis.elementwise import Elements
 from opguard.store import RankTrace, Run
 from opguard.store.captures import INPUT, OUTPUT
+from opguard.store.light import LightReader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the scenario runs
 from tolerant_runs import RUNS, record_runs
@@ -163,8 +164,8 @@ def same_layout(run_a: Run, run_b: Run) -> Iterator[OpDistance]:
             ranges = StepIndex(ta).get(step), StepIndex(tb).get(step)
             assert ranges[0] is not None and ranges[1] is not None
             columns = (
-                AlignReader(ta, table).read(ranges[0].start, ranges[0].stop),
-                AlignReader(tb, table).read(ranges[1].start, ranges[1].stop),
+                LightReader(ta, OpKeys(ta, table)).read(ranges[0].start, ranges[0].stop),
+                LightReader(tb, OpKeys(tb, table)).read(ranges[1].start, ranges[1].stop),
             )
             for i, j in pairs_of(align_step(*columns, records_of(ta, tb))):
                 a, b = columns[0].index[i], columns[1].index[j]

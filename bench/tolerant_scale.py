@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from opguard.analysis import diff_runs
-from opguard.analysis.tolerant import Tolerance
+from opguard.analysis.tolerant.rule import Tolerance
 from opguard.store import Run, sketch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the trace builder

@@ -31,7 +31,7 @@ VARIANTS = (  # variant_NAME.py: base.py with one change
     "loss_scaled",
     "logging",
     "refactor",
-    # ties between equally long alignments (settled by data flow, opguard/analysis/ties.py)
+    # ties between equally long alignments (settled by data flow, opguard/analysis/align/ties.py)
     "item_log",
     "stats_once",
     "stats_twice",
@@ -40,7 +40,7 @@ VARIANTS = (  # variant_NAME.py: base.py with one change
     "reorder_1",
     "reorder_2",
     "deeper",
-    # differences every reader absorbs (opguard/analysis/reach.py)
+    # differences every reader absorbs (opguard/analysis/divergence/reach.py)
     "workspace",
     "workspace_ballast",
     "workspace_ballast_lr",

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from traces import TraceBuilder, chain_run, tensor
 
 from opguard.analysis import diff_runs
-from opguard.analysis.align import align_keys, pairs_of
-from opguard.analysis.keys import LEVELS
-from opguard.analysis.myers import TooManyEdits, matching_blocks, matching_runs, runs_of
+from opguard.analysis.align.myers import TooManyEdits, matching_blocks, matching_runs, runs_of
+from opguard.analysis.align.passes import align_keys, pairs_of
 from opguard.store import Run
+from opguard.store.light import LEVELS
 
 keys = st.lists(st.integers(0, 4), max_size=40)
 
@@ -91,7 +91,7 @@ def test_runs_group_consecutive_pairs() -> None:
 # -- the multi-pass alignment --------------------------------------------------------------------
 
 # An op as (name, phase, call site): the strict key is all three, the looser ones drop the call
-# site, then the phase, as the diff's keys do (opguard.analysis.keys).
+# site, then the phase, as the diff's keys do (opguard.analysis.align.keys).
 ops = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1), st.integers(0, 2)), max_size=30)
 
 

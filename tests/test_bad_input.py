@@ -32,9 +32,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import opguard
-from opguard.analysis.keys import KeyTable, LightReader, _check_light
+from opguard.analysis.align.keys import KeyTable, OpKeys
 from opguard.store import RankTrace, Run, TraceWriter, schema
 from opguard.store.errors import DamagedRecord
+from opguard.store.light import LightReader, check_light
 from opguard.store.reader import _unpack
 
 DRIVER = Path(__file__).resolve().parent / "cli_driver.py"
@@ -663,12 +664,12 @@ def _decode_everywhere(trace: RankTrace, raw: Any) -> None:
         op = trace.decode(raw)
     except DamagedRecord:
         with contextlib.suppress(DamagedRecord):  # the diff may still compare odd values
-            LightReader(trace, KeyTable()).light(_check_light(raw))
+            LightReader(trace, OpKeys(trace, KeyTable())).light(check_light(raw))
         return
     json.dumps(op.to_json(), default=str)  # what show --json and the evidence print
     for tensor in (*op.inputs, *op.outputs):
         tensor.values(), tensor.bits(), tensor.content_key(), tensor.fingerprint_text()
-    LightReader(trace, KeyTable()).light(_check_light(raw))  # what the diff reads
+    LightReader(trace, OpKeys(trace, KeyTable())).light(check_light(raw))  # what the diff reads
 
 
 @HYPOTHESIS

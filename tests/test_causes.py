@@ -24,7 +24,7 @@ from traces import chain_run, kernel
 from opguard.agent.evidence import build_evidence
 from opguard.agent.metadata import differing_metadata
 from opguard.analysis import diff_runs
-from opguard.analysis.gpu_work import memory_writer
+from opguard.analysis.divergence.gpu_work import memory_writer
 from opguard.store import Run
 from opguard.store.environment import environment_of
 
@@ -263,7 +263,7 @@ def test_the_nondeterministic_table_names_real_ops() -> None:
     and its conditions select the calls the documentation names."""
     import torch
 
-    from opguard.analysis.causes import NONDETERMINISTIC, documented_nondeterministic
+    from opguard.analysis.divergence.causes import NONDETERMINISTIC, documented_nondeterministic
     from opguard.store import OpRecord, TensorRecord
     from opguard.store.records import UNKNOWN_SITE
 

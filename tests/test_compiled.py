@@ -29,7 +29,7 @@ from torch._dynamo.utils import counters
 import opguard
 from opguard.agent.evidence import build_evidence
 from opguard.analysis import diff_runs
-from opguard.analysis.rows import OpLine, Row, Status
+from opguard.analysis.browse.rows import OpLine, Row, Status
 from opguard.recorder import compiled as compiled_module
 from opguard.recorder.compiled import (
     INDUCTOR_CONFIG,

@@ -31,8 +31,8 @@ from conftest import cli_in_process as cli
 from conftest import opguard_cmd
 
 from opguard.analysis import diff_runs
+from opguard.analysis.browse.rows import Side, Status
 from opguard.analysis.contract import to_json
-from opguard.analysis.rows import Side, Status
 from opguard.store import Run
 from opguard.tui.session import Session
 

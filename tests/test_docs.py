@@ -16,7 +16,7 @@ from traces import TraceBuilder, chain_run, tensor
 
 from opguard.analysis import diff_runs
 from opguard.analysis.contract import to_json
-from opguard.analysis.tolerant import Tolerance
+from opguard.analysis.tolerant.rule import Tolerance
 from opguard.store import Run
 
 ROOT = Path(__file__).resolve().parent.parent

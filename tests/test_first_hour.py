@@ -26,7 +26,7 @@ from traces import TraceBuilder
 import opguard
 from opguard import _C
 from opguard.analysis import diff_runs
-from opguard.analysis.steps import count_steps
+from opguard.analysis.align.steps import count_steps
 from opguard.cli import build_parser
 from opguard.cli.commands.capture import target_of
 from opguard.store import Run
@@ -114,7 +114,7 @@ def test_an_unknown_option_points_to_the_commands_own_help() -> None:
 
 
 def test_every_front_end_counts_steps_the_same_way(runs: dict[str, Any]) -> None:
-    from opguard.analysis.rows import RankRows
+    from opguard.analysis.browse.rows import RankRows
     from opguard.tui.session import Session
 
     a = str(runs["a"])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from opguard.analysis.layouts import (
+from opguard.analysis.align.layouts import (
     LAYOUT_ONLY,
     OnlyKind,
     PairKind,
@@ -21,7 +21,6 @@ from opguard.analysis.layouts import (
     rank_pairs,
     relate,
 )
-from opguard.analysis.roles import is_collective
 from opguard.store import Run
 
 pytestmark = pytest.mark.skipif(
@@ -93,7 +92,7 @@ def test_ops_only_the_tp_run_has_are_its_layout_once_training_runs(
             inputs = [sharded.op(o.index).op for o in only if o.kind is OnlyKind.LAYOUT_INPUT]
             assert "aten::div.Tensor" in inputs
             collectives = [sharded.op(o.index) for o in only if o.kind is OnlyKind.COLLECTIVE]
-            assert collectives and all(is_collective(op) for op in collectives)
+            assert collectives and all(op.is_collective for op in collectives)
 
 
 @pytest.mark.parametrize("rank", [0, 1])

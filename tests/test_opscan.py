@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opguard.analysis.keys import hashable, outputs_of
+from opguard.store.light import hashable, outputs_of
 
 _C = pytest.importorskip("opguard._C")
 if not hasattr(_C, "OpScanner"):
@@ -272,7 +272,7 @@ def test_random_damage(raw: dict[str, Any], at: int, junk: bytes) -> None:
 def test_nonfinite_counts_read_as_python_reads_them() -> None:
     """The scanner's NaN/Inf masks (what ``opguard nan`` and the diff's origins read) equal
     Python's for every record it takes, whatever the stats hold."""
-    from opguard.analysis.keys import nonfinite_mask
+    from opguard.store.light import nonfinite_mask
 
     stats = [
         [0.0, 1.0, 0.5, 1.0, 0, 0],

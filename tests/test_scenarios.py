@@ -335,7 +335,7 @@ def test_unwritten_workspace_read_and_ignored_is_identical(runs: Recordings) -> 
 def test_absorbed_rows_are_marked_and_not_stepped_to(runs: Recordings) -> None:
     """The op list (TUI, ``opguard ops``) marks the absorbed pair and passes it by."""
     from opguard.analysis import diff_runs
-    from opguard.analysis.rows import RankRows, Side, Status
+    from opguard.analysis.browse.rows import RankRows, Side, Status
     from opguard.store import Run
 
     a, b = runs("workspace", "workspace_ballast")

@@ -1,4 +1,4 @@
-"""Settling alignment ties by data flow (opguard/analysis/ties.py), on hand-made steps.
+"""Settling alignment ties by data flow (opguard/analysis/align/ties.py), on hand-made steps.
 
 Each op is a name (its key at every level) and the values it reads and makes; a step is the list
 of them. The scenario suite (test_scenarios.py) shows the same rules on recorded runs.
@@ -12,10 +12,11 @@ from itertools import pairwise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opguard.analysis.align import align_keys, pairs_of
-from opguard.analysis.keys import LEVELS, KeyTable, OpColumns
-from opguard.analysis.ties import settle
+from opguard.analysis.align.keys import KeyTable
+from opguard.analysis.align.passes import align_keys, pairs_of
+from opguard.analysis.align.ties import settle
 from opguard.store import OpRecord, TensorRecord
+from opguard.store.light import LEVELS, OpColumns
 from opguard.store.records import UNKNOWN_SITE
 
 

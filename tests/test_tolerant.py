@@ -20,16 +20,16 @@ from traces import TraceBuilder, tensor
 
 from opguard.analysis import diff_runs
 from opguard.analysis.contract import to_json
-from opguard.analysis.distance import sketch_distance
-from opguard.analysis.rounding import TF32, op_unit
-from opguard.analysis.text import sparkline
-from opguard.analysis.tolerant import (
+from opguard.analysis.tolerant.distance import sketch_distance
+from opguard.analysis.tolerant.rounding import TF32, op_unit
+from opguard.analysis.tolerant.rule import (
     A_DIVIDING,
     A_FACTOR,
     R_FACTOR,
     Tolerance,
     parse_tolerance,
 )
+from opguard.analysis.words.text import sparkline
 from opguard.store import Run, sketch
 from opguard.store.environment import Environment
 from opguard.tools import BY_NAME, ToolError
@@ -198,7 +198,7 @@ def test_distances_below_the_quantization_read_as_the_floor() -> None:
 
 def test_a_value_non_finite_in_one_run_only_is_infinitely_far() -> None:
     """Sketches sum finite values; a NaN or Inf only one run has is no rounding."""
-    from opguard.analysis.distance import tensor_distance
+    from opguard.analysis.tolerant.distance import tensor_distance
     from opguard.store.records import TensorRecord
 
     values = np.random.default_rng(4).standard_normal(N).astype(np.float32)
@@ -228,7 +228,7 @@ def test_a_value_non_finite_in_one_run_only_is_infinitely_far() -> None:
 
 def test_an_op_dividing_by_a_tensor_may_amplify_more() -> None:
     """Adam's update divides by sqrt(v): elements with tiny gradients amplify rounding."""
-    from opguard.analysis.rounding import divides
+    from opguard.analysis.tolerant.rounding import divides
 
     assert divides("aten::_foreach_addcdiv_.ScalarList") and divides("aten::_fused_adamw_.default")
     assert divides("aten::div.Tensor") and not divides("aten::mul.Tensor")

@@ -18,9 +18,9 @@ from opguard.agent import OpFocus, TraceTools
 from opguard.agent.config import AgentSettings
 from opguard.agent.panel import AgentChat
 from opguard.analysis import diff_runs
+from opguard.analysis.browse.rows import Side
 from opguard.analysis.contract import to_json
-from opguard.analysis.rows import Side
-from opguard.analysis.tolerant import Tolerance
+from opguard.analysis.tolerant.rule import Tolerance
 from opguard.store import Run
 from opguard.tui.session import Session
 

@@ -12,7 +12,7 @@ from tolerant_runs import record_runs
 
 from opguard.analysis import diff_runs
 from opguard.analysis.contract import to_json
-from opguard.analysis.tolerant import Tolerance
+from opguard.analysis.tolerant.rule import Tolerance
 from opguard.store import Run
 
 # tests/data/cross_version/mlp.py recorded with torch 2.11 on the GPU machine (on its CPU), by

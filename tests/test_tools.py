@@ -27,8 +27,8 @@ from test_imports import cli_without
 
 from opguard.analysis.contract import brief_json
 from opguard.store import schema
+from opguard.tool_registry import page_of
 from opguard.tools import BY_NAME, MAX_CHARS, TOOLS, Pages
-from opguard.tools.registry import page_of
 
 DEMO = REPO / "opguard" / "demo"
 LONG = REPO / "tests" / "long_runs" / "train.py"  # a tiny model's run: seconds

@@ -24,8 +24,8 @@ from rich.console import Console
 from traces import TraceBuilder, tensor
 
 from opguard.analysis import diff_runs
-from opguard.analysis.rows import OpLine, Row, Side, Status
-from opguard.analysis.steps import StepIndex
+from opguard.analysis.align.steps import StepIndex
+from opguard.analysis.browse.rows import OpLine, Row, Side, Status
 from opguard.store import (
     CallSite,
     KernelEntry,

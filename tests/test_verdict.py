@@ -12,8 +12,8 @@ import msgpack
 
 from opguard.agent.reading import CAUSES
 from opguard.analysis.state_diff import CAUSE_OF_KIND
-from opguard.analysis.text import kernel_cells, kernel_fields, kernel_line, short_kernel_name
-from opguard.analysis.verdict import WORDS, Cause, Kind, Side, label
+from opguard.analysis.words.text import kernel_cells, kernel_fields, kernel_line, short_kernel_name
+from opguard.analysis.words.verdict import WORDS, Cause, Kind, Side, label
 from opguard.store import KernelEntry, Run, TraceWriter, schema
 from opguard.store.meta import write_meta
 

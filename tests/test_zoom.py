@@ -202,7 +202,7 @@ def test_nan_origin_is_found(recordings, write_script, record) -> None:
 def test_detail_pane_shows_the_captured_difference(gelu_captures) -> None:
     from test_tui import _text
 
-    from opguard.analysis.rows import RankRows
+    from opguard.analysis.browse.rows import RankRows
     from opguard.tui.detail import Selection, render
 
     a, b, _ = gelu_captures

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import textwrap
 
-from ..analysis.lookup import kept_rows
-from ..analysis.text import (
+from ..analysis.browse.lookup import kept_rows
+from ..analysis.words.text import (
     KERNELS_DESCRIBED,
     ORIGINS_SHOWN,
     kernel_fields,

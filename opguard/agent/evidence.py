@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis import Divergence, Link, RankDiff, RunDiff, TensorDiff
+from ..analysis.align.steps import describe_runs
 from ..analysis.contract import divergence_json, op_ref, rank_json, state_divergence_json
 from ..analysis.state_diff import StepDivergence
-from ..analysis.steps import describe_runs
-from ..analysis.text import op_label, op_line, value_text
-from ..analysis.tolerant import Judgement
+from ..analysis.tolerant.judgement import Judgement
+from ..analysis.words.text import op_label, op_line, value_text
 from ..store import OpRecord, RankTrace, Run
 from .describe import (
     SOURCE_CONTEXT,

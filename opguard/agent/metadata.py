@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..analysis.text import value_text
+from ..analysis.words.text import value_text
 from ..store.environment import KEY as ENVIRONMENT
 from ..store.environment import PACKAGES
 

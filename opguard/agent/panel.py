@@ -22,7 +22,7 @@ from textual.message import Message
 from textual.widgets import Checkbox, Input, Markdown, Static
 
 from ..analysis import diff_runs
-from ..analysis.tolerant import Tolerance
+from ..analysis.tolerant.rule import Tolerance
 from ..store import Run, TraceError
 from .budget import Bound, Budget, BudgetRefused
 from .config import AgentSettings, ConfigError, resolve_settings

@@ -11,12 +11,12 @@ import math
 from collections.abc import Callable
 
 from ..analysis import Divergence, TensorDiff
-from ..analysis.causes import ENVIRONMENT, STREAM_RACE
-from ..analysis.gpu_work import kernel_names
+from ..analysis.divergence.causes import ENVIRONMENT, STREAM_RACE
+from ..analysis.divergence.gpu_work import kernel_names
 from ..analysis.state_diff import StepDivergence
-from ..analysis.text import number, op_line, value_text
-from ..analysis.tolerant import Judgement, Reason
-from ..analysis.verdict import WORDS, Cause
+from ..analysis.tolerant.judgement import Judgement, Reason
+from ..analysis.words.text import number, op_line, value_text
+from ..analysis.words.verdict import WORDS, Cause
 from .metadata import MetaDiff
 
 # Machine epsilon per floating dtype: differences within a few ulps are rounding, not a bug.

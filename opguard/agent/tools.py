@@ -3,7 +3,7 @@
 An op's neighbours, the producer of one of its inputs, a wider source range, its kernels. Every
 answer is short text (clipped), so it costs a bounded number of tokens in the next call, which
 the budget counts like the rest of the prompt. The tools are declared as the coding agents'
-are (:mod:`opguard.tools.registry`), so their schemas and argument checks are the registry's;
+are (:mod:`opguard.tool_registry`), so their schemas and argument checks are the registry's;
 bad arguments come back as an ``error:`` answer the model can correct, never as an exception.
 """
 
@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..analysis.lookup import input_tensor, neighbours, source_around
-from ..analysis.text import clip, op_line
+from ..analysis.browse.lookup import input_tensor, neighbours, source_around
+from ..analysis.words.text import clip, op_line
 from ..store import OpRecord, RankTrace, Run
-from ..tools.registry import Param, Tool, ToolError
+from ..tool_registry import Param, Tool, ToolError
 from .describe import kernel_lines, op_detail, source_lines
 
 NEIGHBOURS_MAX = 8

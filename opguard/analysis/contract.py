@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..store import CallSite, OpRecord
-from .compilation import compile_modes
-from .diff import RankDiff, RunDiff
-from .distance import finite
-from .divergence import Divergence, TensorDiff
-from .nonfinite import Nonfinite, nonfinite_tensors
+from .divergence.compilation import compile_modes
+from .divergence.model import Divergence, TensorDiff
+from .divergence.nonfinite import Nonfinite, nonfinite_tensors
+from .result import RankDiff, RunDiff
 from .state_diff import ENTRIES_SHOWN, StateComparison, StepDivergence
+from .tolerant.distance import finite
 
 SCHEMA = "opguard.diff/1"
 

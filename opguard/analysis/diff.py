@@ -2,36 +2,26 @@
 stop judging at the first aligned pair whose outputs differ (counting continues, so the
 alignment summary and the per-step picture cover the whole run).
 
-Memory holds one step of light ops per side (as columns, :class:`~.keys.OpColumns`), plus a
+Memory holds one step of light ops per side (as columns, :class:`~opguard.store.light.OpColumns`), plus a
 small cache of re-aligned steps for the producer chain; it does not grow with the length of the
 trace. The walk compares runs of aligned ops as slices, so an op costs little more than reading
-its record (see :mod:`opguard.analysis.keys`).
+its record (see :mod:`opguard.store.light`).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-from collections import OrderedDict
-from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from ..store import RankTrace, Run, TraceError
-from .align import AlignReader, align_step, pairs_of, records_of
-from .compilation import known_difference
-from .divergence import Divergence, Explainer
-from .keys import KeyTable, LightReader, OpColumns
-from .layout_tolerant import LayoutAlignment, LayoutCounts, LayoutJudge
-from .layouts import LayoutReader, layout_degree, rank_pairs
-from .myers import Run as MatchRun
-from .nonfinite import Nonfinite, NonfiniteWatch, resolve, same_in_both
-from .reach import ABSORBED_SHOWN, Absorbed, Reach
-from .roles import ORIGIN, Role, role_of
-from .state_diff import StateComparison, StepDivergence, compare_states, window_command
-from .steps import (
-    StepCount,
+from ..store.light import LightReader, OpColumns
+from .align.keys import KeyTable, OpKeys
+from .align.layouts import LayoutKeys, layout_degree, rank_pairs
+from .align.passes import align_step, pairs_of, records_of
+from .align.step_pairs import StepAlignments, step_columns
+from .align.steps import (
     add_to_ranges,
     compared_steps_note,
     count_steps,
@@ -39,191 +29,16 @@ from .steps import (
     ops_held,
     range_text,
 )
-from .tolerant import Judge, Judgement, RankTolerance, Tolerance
+from .divergence.explainer import Explainer
+from .divergence.nonfinite import NonfiniteWatch, resolve, same_in_both
+from .divergence.reach import ABSORBED_SHOWN, Absorbed, Reach
+from .result import RankDiff, RunDiff, StepSummary
+from .state_diff import compare_states, window_command
+from .tolerant.judge import Judge
+from .tolerant.layout_judge import LayoutAlignment, LayoutCounts, LayoutJudge
+from .tolerant.rule import Tolerance
 
 UNALIGNED_EXAMPLES = 5
-STEP_CACHE = 4
-
-
-@dataclass
-class StepSummary:
-    step: int
-    aligned: int = 0
-    only_a: int = 0
-    only_b: int = 0
-    differing: int = 0  # aligned pairs whose outputs differ
-    # Aligned pairs (op index in A, in B) whose difference no reader saw (.reach), judged
-    # before the first divergence: not counted in ``differing``.
-    absorbed_pairs: list[tuple[int, int]] = field(default_factory=list)
-
-    @property
-    def absorbed(self) -> int:
-        return len(self.absorbed_pairs)
-
-
-@dataclass
-class RankDiff:
-    rank: int
-    # The steps each run holds, as every front end counts them (the whole run, also with --step).
-    count_a: StepCount = field(default_factory=StepCount)
-    count_b: StepCount = field(default_factory=StepCount)
-    aligned: int = 0
-    only_a: int = 0
-    only_b: int = 0
-    differing: int = 0
-    # Differences judged before the first divergence that reached nothing (the first few).
-    absorbed: list[Absorbed] = field(default_factory=list)
-    absorbed_count: int = 0
-    steps: list[StepSummary] = field(default_factory=list)
-    unaligned_a: list[int] = field(default_factory=list)  # first few op indices only in A
-    unaligned_b: list[int] = field(default_factory=list)
-    first: Divergence | None = None
-    notes: list[str] = field(default_factory=list)
-    # Where NaN/Inf first appeared in each run (None: never, or not scanned).
-    nonfinite_a: Nonfinite | None = None
-    nonfinite_b: Nonfinite | None = None
-    nonfinite_scanned: bool = False  # False with --step: only part of the runs was read
-    nonfinite_same: bool = False  # both runs met the same NaN/Inf values (nonfinite.same_in_both)
-    # The step-level records compared (None: a run holds none); ``ops_compared`` False: a
-    # run holds step-level records only, which alone gave the verdict.
-    states: StateComparison | None = None
-    ops_compared: bool = True
-    # --tolerant: what rounding explained (``first`` then is the first op it does not explain)
-    tolerance: RankTolerance | None = None
-    # --tolerant across parallel layouts: the ranks compared (``rank`` is the multi-rank
-    # run's) and what was compared by value
-    layout: LayoutCounts | None = None
-
-    @property
-    def trace_ranks(self) -> tuple[int, int]:
-        """The rank of run A and of run B compared (across layouts, the single-rank run's
-        one rank against each rank of the other)."""
-        if self.layout is not None:
-            return self.layout.rank_a, self.layout.rank_b
-        return self.rank, self.rank
-
-    @property
-    def state_first(self) -> StepDivergence | None:
-        """The first step whose state differs, from the step-level records."""
-        return self.states.first if self.states is not None else None
-
-    @property
-    def diverged(self) -> bool:
-        return self.first is not None or self.state_first is not None
-
-    @property
-    def steps_a(self) -> int:
-        return self.count_a.steps
-
-    @property
-    def steps_b(self) -> int:
-        return self.count_b.steps
-
-    @property
-    def role(self) -> Role | None:
-        """Origin or receiver of its first divergence (None when the rank did not diverge)."""
-        return role_of(self.first) if self.first is not None else None
-
-
-def _steps(reader: LightReader, only: int | None) -> Iterator[tuple[int, OpColumns]]:
-    """Groups a trace's ops by step, in order (only step ``only`` when given)."""
-    if only is None:
-        for columns in reader.columns():
-            yield columns.step, columns
-        return
-    pending: OpColumns | None = None
-    for columns in reader.columns(until=only):
-        if columns.step != only:
-            if columns.step > only:
-                break
-            continue  # skipped ops do not end a group: the next run of step ``only`` joins it
-        if pending is not None and pending.step == columns.step:
-            pending.extend(columns)
-            continue
-        if pending is not None:
-            yield pending.step, pending
-        pending = columns
-    if pending is not None:
-        yield pending.step, pending
-
-
-class _StepPairs:
-    """The aligned pairs of one step by op index, mapped on first use."""
-
-    __slots__ = ("_maps", "_runs", "index_a", "index_b")
-
-    def __init__(self, index_a: list[int], index_b: list[int], runs: list[MatchRun]) -> None:
-        self.index_a, self.index_b, self._runs = index_a, index_b, runs
-        self._maps: tuple[dict[int, int], dict[int, int]] | None = None
-
-    def maps(self) -> tuple[dict[int, int], dict[int, int]]:
-        if self._maps is None:
-            a_to_b: dict[int, int] = {}
-            for i, j, n in self._runs:
-                a_to_b.update(zip(self.index_a[i : i + n], self.index_b[j : j + n], strict=True))
-            self._maps = (a_to_b, {b: a for a, b in a_to_b.items()})
-        return self._maps
-
-
-class _StepAlignments:
-    """A index <-> B index for recent steps; older steps are re-aligned from the traces on
-    demand (the producer chain rarely reaches back more than a step)."""
-
-    def __init__(self, reader_a: LightReader, reader_b: LightReader) -> None:
-        self._readers = (reader_a, reader_b)
-        self._fetch = records_of(reader_a.trace, reader_b.trace)
-        self._ranges: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}
-        self._cache: OrderedDict[int, _StepPairs] = OrderedDict()
-
-    def add(self, step: int, ops_a: OpColumns, ops_b: OpColumns, runs: list[MatchRun]) -> None:
-        self._ranges[step] = (
-            (ops_a.index[0], ops_a.index[-1] + 1),
-            (ops_b.index[0], ops_b.index[-1] + 1),
-        )
-        self._remember(step, _StepPairs(ops_a.index, ops_b.index, runs))
-
-    def _remember(self, step: int, pairs: _StepPairs) -> _StepPairs:
-        self._cache.pop(step, None)
-        self._cache[step] = pairs
-        while len(self._cache) > STEP_CACHE:
-            self._cache.popitem(last=False)
-        return pairs
-
-    def step_of(self, index: int, side: int) -> int | None:
-        """The compared step holding op ``index`` of run A (side 0) or B (side 1)."""
-        # Latest first: the ops asked about (producers of what is being read) are recent.
-        for step, ranges in reversed(self._ranges.items()):
-            lo, hi = ranges[side]
-            if lo <= index < hi:
-                return step
-        return None
-
-    def compared(self, index: int, side: int) -> bool:
-        """Whether op ``index`` of run A (side 0) or B (side 1) lies in a compared step."""
-        return self.step_of(index, side) is not None
-
-    def b_of(self, a_index: int) -> int | None:
-        step = self.step_of(a_index, 0)
-        return None if step is None else self._pairs(step).maps()[0].get(a_index)
-
-    def a_of(self, b_index: int) -> int | None:
-        step = self.step_of(b_index, 1)
-        return None if step is None else self._pairs(step).maps()[1].get(b_index)
-
-    def step_ops(self, step: int) -> tuple[tuple[list[int], list[int]], list[tuple[int, int]]]:
-        """A compared step's op indices in each run, and its aligned pairs (op indices)."""
-        pairs = self._pairs(step)
-        return (pairs.index_a, pairs.index_b), list(pairs.maps()[0].items())
-
-    def _pairs(self, step: int) -> _StepPairs:
-        pairs = self._cache.get(step)
-        if pairs is None:
-            (alo, ahi), (blo, bhi) = self._ranges[step]
-            ra, rb = self._readers
-            ops_a, ops_b = ra.read(alo, ahi), rb.read(blo, bhi)
-            runs = align_step(ops_a, ops_b, self._fetch)
-            pairs = self._remember(step, _StepPairs(ops_a.index, ops_b.index, runs))
-        return pairs
 
 
 def diff_rank(
@@ -241,7 +56,7 @@ def diff_rank(
     (:mod:`.tolerant`; op records only: step-level records are compared bit for bit).
     ``layout`` (with a tolerance): (degree, rank reported) of two ranks of runs in parallel
     layouts that differ by that degree: ops align by call site and the rank of shapes, and
-    tensors compare by logical value (:mod:`.layout_tolerant`)."""
+    tensors compare by logical value (:mod:`.tolerant.layout_judge`)."""
     if by_steps_only(trace_a, trace_b):
         result = _diff_steps_only(trace_a, trace_b, step)
         if tolerance is not None:
@@ -322,11 +137,11 @@ def _diff_ops(
     # NaN/Inf origins come with the same scan; with --step the scan covers part of the runs.
     watches = (NonfiniteWatch(), NonfiniteWatch()) if step is None else (None, None)
     layout = layout if tolerance is not None else None  # layouts are judged by --tolerant
-    reader = AlignReader if layout is None else LayoutReader
-    reader_a = reader(trace_a, table, watches[0])
-    reader_b = reader(trace_b, table, watches[1])
+    keys = OpKeys if layout is None else LayoutKeys
+    reader_a = LightReader(trace_a, keys(trace_a, table), watches[0])
+    reader_b = LightReader(trace_b, keys(trace_b, table), watches[1])
     result = RankDiff(rank=trace_a.rank)
-    alignments = _StepAlignments(reader_a, reader_b)
+    alignments = StepAlignments(reader_a, reader_b)
     traces = (trace_a, trace_b)
     judge: Judge | LayoutJudge | None = None
     explainer = Explainer(trace_a, trace_b, alignments)
@@ -339,7 +154,7 @@ def _diff_ops(
     elif tolerance is not None:
         judge = Judge(tolerance, traces, alignments)
     result.count_a, result.count_b = count_steps(trace_a), count_steps(trace_b)
-    steps_a, steps_b = _steps(reader_a, step), _steps(reader_b, step)
+    steps_a, steps_b = step_columns(reader_a, step), step_columns(reader_b, step)
     next_a, next_b = next(steps_a, None), next(steps_b, None)
     # A run that kept ops of some steps only (--window, --keep-last) is compared on the steps
     # both runs hold ops for, and one note says which.
@@ -440,7 +255,7 @@ def _compare_step(
     step: int,
     ops_a: OpColumns,
     ops_b: OpColumns,
-    alignments: _StepAlignments,
+    alignments: StepAlignments,
     explainer: Explainer,
     judge: Judge | LayoutJudge | None,
     *,
@@ -523,121 +338,6 @@ def _unaligned(examples: list[int], index: list[int], lo: int, hi: int) -> int:
     if room > 0:
         examples.extend(index[lo : min(hi, lo + room)])
     return hi - lo
-
-
-@dataclass
-class RunDiff:
-    """The comparison of two runs: every compared rank, and the verdict."""
-
-    path_a: str
-    path_b: str
-    meta_a: dict[str, Any]
-    meta_b: dict[str, Any]
-    ranks: list[RankDiff]
-    # Ranks recorded in one run only (runs of different world sizes): listed, not compared.
-    only_in_a: list[int] = field(default_factory=list)
-    only_in_b: list[int] = field(default_factory=list)
-    # --tolerant: how differences were judged (None: bit for bit)
-    tolerance: Tolerance | None = None
-
-    @property
-    def uncompared(self) -> list[str]:
-        """One line per rank recorded in one run only."""
-        compared = len(self.ranks)
-        sizes = f"{compared + len(self.only_in_a)} vs {compared + len(self.only_in_b)}"
-        return [
-            f"rank {k} was recorded only in run {name} (ranks {sizes}): not compared"
-            for name, only in (("A", self.only_in_a), ("B", self.only_in_b))
-            for k in only
-        ]
-
-    @property
-    def notes(self) -> list[str]:
-        """What could not be compared across ranks, then each compared rank's notes."""
-        return self.uncompared + [n for r in self.ranks for n in r.notes]
-
-    @property
-    def first(self) -> Divergence | None:
-        """The earliest divergence of an origin rank; of any rank when every rank received
-        its difference (the sender was not compared, e.g. with ``--rank``)."""
-        origins = [r.first for r in self.ranks if r.first is not None and self._is_origin(r)]
-        found = origins or [r.first for r in self.ranks if r.first is not None]
-        return min(found, key=lambda d: (d.step, d.observed_a.index, d.rank)) if found else None
-
-    @property
-    def first_judgement(self) -> Judgement | None:
-        """--tolerant: why rounding does not explain :attr:`first` (its distances)."""
-        first = self.first
-        for r in self.ranks:
-            if r.first is first and first is not None and r.tolerance is not None:
-                return r.tolerance.first
-        return None
-
-    @property
-    def origin_ranks(self) -> list[int]:
-        return [r.rank for r in self.ranks if r.first is not None and self._is_origin(r)]
-
-    @staticmethod
-    def _is_origin(r: RankDiff) -> bool:
-        role = r.role
-        return role is not None and role.role == ORIGIN
-
-    @property
-    def state_first(self) -> StepDivergence | None:
-        """The earliest (step, then rank) step whose state differs, from the step-level records
-        (the verdict where a run holds step-level records only)."""
-        found = [r.state_first for r in self.ranks if r.state_first is not None]
-        return min(found, key=lambda d: (d.step, d.rank)) if found else None
-
-    @property
-    def diverged(self) -> bool:
-        """Whether the runs differ: an op-level divergence, or a step whose state differs
-        (with --tolerant: in a rank compared by its step-level records alone; where ops were
-        compared, they judge)."""
-        if self.first is not None:
-            return True
-        if self.tolerance is None:
-            return self.state_first is not None
-        return any(r.state_first is not None and not r.ops_compared for r in self.ranks)
-
-    @property
-    def verdict(self) -> str:
-        """``identical``, ``diverged``, or with --tolerant ``within-rounding``: the runs
-        differ, by no more than rounding explains."""
-        if self.diverged:
-            return "diverged"
-        if self.tolerance is not None and self.differs:
-            return "within-rounding"
-        return "identical"
-
-    @property
-    def differs(self) -> bool:
-        """Whether any compared value differs at all (an aligned op's outputs, a state)."""
-        return self.state_first is not None or any(
-            r.differing or r.absorbed_count for r in self.ranks
-        )
-
-    def drift(self) -> list[tuple[int, float | None]]:
-        """--tolerant: the largest relative distance of each step's aligned ops over the
-        ranks, for the steps around the first divergence (every step when none); None where
-        a distance was unknown."""
-        around = self.first.step if self.first is not None else None
-        largest: dict[int, float | None] = {}
-        for r in self.ranks:
-            if r.tolerance is None:
-                continue
-            steps = [s.step for s in r.steps]
-            for step, distance in r.tolerance.drift_series(steps, around):
-                known = largest.get(step, 0.0)
-                unknown = distance is None or (step in largest and known is None)
-                largest[step] = None if unknown else max(known or 0.0, distance or 0.0)
-        return sorted(largest.items())
-
-    @property
-    def known_difference(self) -> str:
-        """Why the first divergence is expected (compiled vs eager recording), or ''."""
-        first = self.first
-        return known_difference(first, self.meta_a, self.meta_b) if first is not None else ""
 
 
 def diff_runs(
@@ -783,21 +483,3 @@ def _has_step(trace: RankTrace, step: int) -> bool:
         if raw.get("s", 0) >= step:
             return bool(raw.get("s", 0) == step)
     return False
-
-
-def aligned_index(trace_a: RankTrace, trace_b: RankTrace, index_a: int) -> int | None:
-    """The op of run B that the diff aligns with op ``index_a`` of run A (None: the op exists
-    only in A). Aligns only the step that holds the op."""
-    step = trace_a.op(index_a).step
-    table = KeyTable()
-    found = [
-        next((columns for _, columns in _steps(AlignReader(trace, table), step)), None)
-        for trace in (trace_a, trace_b)
-    ]
-    ops_a, ops_b = found
-    if ops_a is None or ops_b is None:
-        return None
-    pairs = _StepPairs(
-        ops_a.index, ops_b.index, align_step(ops_a, ops_b, records_of(trace_a, trace_b))
-    )
-    return pairs.maps()[0].get(index_a)

@@ -24,9 +24,9 @@ from typing import Any
 
 from ..store import RankTrace, TraceError
 from ..store.states import KIND_ORDER, StateEntry, StepState, comparable_entries, expand_step
-from .divergence import content_of
-from .steps import add_to_ranges, range_text
-from .verdict import WORDS, Cause, Kind
+from .align.steps import add_to_ranges, range_text
+from .divergence.model import content_of
+from .words.verdict import WORDS, Cause, Kind
 
 # What a differing entry of each kind points at (the divergence's ``cause``).
 CAUSE_OF_KIND = {

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from ..children import ERROR_PREFIX
 from ..store.errors import TraceError
-from ..tools.registry import ToolError
+from ..tool_registry import ToolError
 from . import commands
 
 

@@ -10,12 +10,13 @@ from typing import Any
 from rich.markup import escape
 
 from ..analysis import Divergence, RankDiff, RunDiff, TensorDiff
-from ..analysis.causes import STREAM_RACE
-from ..analysis.compilation import mode_note
-from ..analysis.nonfinite import Nonfinite, nonfinite_tensors
+from ..analysis.align.steps import describe_runs
+from ..analysis.divergence.causes import STREAM_RACE
+from ..analysis.divergence.compilation import mode_note
+from ..analysis.divergence.nonfinite import Nonfinite, nonfinite_tensors
 from ..analysis.state_diff import ENTRIES_SHOWN, StepDivergence, window_command
-from ..analysis.steps import describe_runs
-from ..analysis.text import (
+from ..analysis.tolerant.judgement import Judgement
+from ..analysis.words.text import (
     KERNELS_REPORTED,
     ORIGINS_SHOWN,
     kernel_line,
@@ -24,7 +25,6 @@ from ..analysis.text import (
     sparkline,
     stats_text,
 )
-from ..analysis.tolerant import Judgement
 from ..store import CallSite, OpRecord, TensorRecord
 from .render import console
 

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..analysis.steps import StepCount, op_level_limits
+from ..analysis.align.steps import StepCount, op_level_limits
 from ..store import OpRecord
 
 # Recorded text (commands, paths, errors) is printed as it is: no emoji codes (":abc:" in a

@@ -14,12 +14,11 @@ from typing import Any
 
 import torch
 
-# Namespaces of the c10d ops: the in-place ones behind torch.distributed and the functional
-# collectives (wait_tensor included: it returns the collective's output).
-COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional"})
+from ..store.schema import COLLECTIVE_NAMESPACES
 
 
 def is_collective(namespace: str) -> bool:
+    """The c10d ops: the in-place ones behind torch.distributed and the functional ones."""
     return namespace in COLLECTIVE_NAMESPACES
 
 

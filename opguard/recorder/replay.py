@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..analysis.divergence import ArgumentDiff, differing_arguments
+from ..analysis.divergence.model import ArgumentDiff, differing_arguments
 from ..store import OpRecord, RankTrace, TensorRecord
 from ..store.captures import INPUT, OUTPUT, CapturedTensor
 from .ops import op_info

@@ -512,7 +512,7 @@ class RankTrace:
     ) -> Iterator[list[bytes]]:
         """Undecoded op records (msgpack bytes) in execution order, ``size`` at a time, from
         ``start`` up to ``stop`` (exclusive): the bulk read of the diff, which decodes only
-        what it needs (:mod:`opguard.analysis.keys`). Decoding errors are the caller's to
+        what it needs (:mod:`opguard.store.light`). Decoding errors are the caller's to
         report in :attr:`damage`.
 
         Reading maps the trace's pages into the process, where they stay resident until the

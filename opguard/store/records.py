@@ -364,6 +364,11 @@ class OpRecord:
     def is_backward(self) -> bool:
         return self.phase == "backward"
 
+    @property
+    def is_collective(self) -> bool:
+        """A c10d collective (its output may be another rank's data)."""
+        return self.op.split("::", 1)[0] in schema.COLLECTIVE_NAMESPACES
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "index": self.index,

@@ -75,6 +75,9 @@ META_FILE = "meta.json"
 RANK_DIR_PREFIX = "rank-"
 
 PHASES = ("forward", "backward", "optimizer", "other")
+# Namespaces of the c10d collectives' op names (``c10d::allreduce_``, ``_c10d_functional::
+# all_reduce``; ``wait_tensor`` included: it returns the collective's output).
+COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional"})
 
 # Tensor flags.
 FLAG_VIEW = 1  # output of a view op: shares its input's data, not re-read

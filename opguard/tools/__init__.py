@@ -4,7 +4,7 @@ paged, size-bounded JSON answers (every answer's code is in this package), print
 agent declares its follow-up tools with the same registry. Importing this package imports
 neither torch nor the MCP SDK."""
 
+from ..tool_registry import MAX_CHARS, Pages, Param, Tool, ToolError, dumps
 from .catalog import BY_NAME, GUIDE, TOOLS
-from .registry import MAX_CHARS, Pages, Param, Tool, ToolError, dumps
 
 __all__ = ["BY_NAME", "GUIDE", "MAX_CHARS", "TOOLS", "Pages", "Param", "Tool", "ToolError", "dumps"]

@@ -1,7 +1,7 @@
 """Handlers of the tools that read traces: ops around an index (both runs, aligned), one op in
 both runs, the producers of its inputs, source around its call, its kernels, and the diff.
 
-Each takes the checked arguments and returns a JSON object, or :class:`~.registry.Pages` when
+Each takes the checked arguments and returns a JSON object, or :class:`~opguard.tool_registry.Pages` when
 the answer is a list that can grow with the trace. Answers say each thing once: a tensor equal in
 both runs is shown for run A only, a table of ops names its columns once.
 """
@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis import diff_runs
+from ..analysis.browse.lookup import input_tensor, source_around
+from ..analysis.browse.rows import RankRows, Row, Side
 from ..analysis.contract import brief_json, to_json
-from ..analysis.divergence import differing_arguments, differing_tensors
-from ..analysis.lookup import input_tensor, source_around
-from ..analysis.rows import RankRows, Row, Side
-from ..analysis.text import VALUES_SHOWN
-from ..analysis.tolerant import Tolerance, parse_tolerance
+from ..analysis.divergence.model import differing_arguments, differing_tensors
+from ..analysis.tolerant.rule import Tolerance, parse_tolerance
+from ..analysis.words.text import VALUES_SHOWN
 from ..store import OpRecord, RankTrace, Run, TensorRecord
-from .registry import Pages, ToolError
+from ..tool_registry import Pages, ToolError
 
 SOURCE_MAX = 20  # lines on each side of the call line
 CONTEXT_ROWS = 3  # rows shown before the op when no offset is given

@@ -4,7 +4,7 @@ is one entry here (its handler is imported only when it is called)."""
 from __future__ import annotations
 
 from ..record_options import declared
-from .registry import MAX_CHARS, Param, Tool
+from ..tool_registry import MAX_CHARS, Param, Tool
 
 RUN_A = Param("run_a", "string", "run directory of run A (the reference)", required=True)
 RUN_B = Param("run_b", "string", "run directory of run B", required=True)

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..analysis import diff_runs
 from ..store import Run
+from ..tool_registry import ToolError
 from .answers import tolerance_of
-from .registry import ToolError
 
 if TYPE_CHECKING:
     from ..agent import Agent, Event, Session

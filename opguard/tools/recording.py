@@ -10,7 +10,7 @@ from typing import Any
 from ..children import run_opguard
 from ..hunt import Hunt, HuntError
 from ..hunt import hunt as run_passes
-from .registry import ToolError
+from ..tool_registry import ToolError
 from .runs import show
 
 OUTPUT_TAIL = 20  # last lines of the script's stdout and stderr in the JSON answer

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from ..analysis.align.steps import count_steps
 from ..analysis.contract import nonfinite_json
-from ..analysis.nonfinite import Nonfinite, find_nonfinite
-from ..analysis.steps import count_steps
+from ..analysis.divergence.nonfinite import Nonfinite, find_nonfinite
 from ..store import RankTrace, Run
 from ..store import schema as store_schema
 

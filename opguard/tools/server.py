@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..tool_registry import ToolError, dumps
 from .catalog import BY_NAME, GUIDE, TOOLS
-from .registry import ToolError, dumps
 
 INSTALL_HINT = "the MCP server needs the mcp package: pip install 'opguard[mcp]'"
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from ..analysis.diff import aligned_index
+from ..analysis.align.step_pairs import aligned_index
 from ..capture_spec import CaptureSpec
 from ..children import run_opguard
 from ..store import OpRecord, RankTrace, Run
 from ..store.captures import INPUT, OUTPUT, CapturedTensor
-from .registry import ToolError
+from ..tool_registry import ToolError
 
 if TYPE_CHECKING:
     from ..analysis.elementwise import ElementwiseDiff

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..analysis import diff_runs
-from ..analysis.rows import Side
-from ..analysis.tolerant import Tolerance, parse_tolerance
+from ..analysis.browse.rows import Side
+from ..analysis.tolerant.rule import Tolerance, parse_tolerance
 from ..store import Run
 from .series import loss_series
 

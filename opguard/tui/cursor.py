@@ -3,7 +3,7 @@
 A :class:`DebugCursor` stands on one row of the aligned op list (a step and a row within it) and
 knows how to move like a debugger: op by op, difference by difference, over or out of a call by
 stack depth, to an op index, to an input's producer and back. It reads rows through the small
-:class:`RowSource` protocol, which :class:`opguard.analysis.rows.RankRows` implements over traces and
+:class:`RowSource` protocol, which :class:`opguard.analysis.browse.rows.RankRows` implements over traces and
 tests implement over lists.
 
 Moves that may read far (the next difference, a search, stepping over) are split in two: a
@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from ..analysis.rows import Row, Side
+from ..analysis.browse.rows import Row, Side
 
 VISIBLE_CACHE = 32
 LOCAL_STEPS = 2  # stepping over or out looks no further than the next step

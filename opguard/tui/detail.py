@@ -18,10 +18,10 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from ..analysis.divergence import differing_arguments, differing_tensors
+from ..analysis.browse.rows import Row, Side
+from ..analysis.divergence.model import differing_arguments, differing_tensors
 from ..analysis.elementwise import ElementwiseDiff, compare
-from ..analysis.rows import Row, Side
-from ..analysis.text import (
+from ..analysis.words.text import (
     KERNELS_LISTED,
     ORIGINS_SHOWN,
     kernel_cells,

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from textual.message import Message
 
 from ..analysis import RankDiff
-from ..analysis.rows import Side
+from ..analysis.browse.rows import Side
 from .cursor import Position
 
 

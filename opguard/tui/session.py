@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..analysis import RankDiff
+from ..analysis.browse.rows import RankRows, Side
 from ..analysis.diff import RankPair, by_steps_only, compared_ranks
-from ..analysis.rows import RankRows, Side
-from ..analysis.tolerant import Tolerance
+from ..analysis.tolerant.rule import Tolerance
 from ..store import RankTrace, Run
 
 # Below this share of aligned ops the runs are probably not two versions of one program.

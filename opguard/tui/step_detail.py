@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..analysis.state_diff import StatePair, StepComparison, StepDivergence
-from ..analysis.text import VALUES_SHOWN, number
+from ..analysis.words.text import VALUES_SHOWN, number
 from ..store import TensorRecord
 
 ROWS_SHOWN = 40  # differing entries listed; the rest are counted

@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ...analysis.tolerant import Tolerance
+    from ...analysis.tolerant.rule import Tolerance
 
 
 class CommandError(Exception):
@@ -41,7 +41,7 @@ def tolerance_of(args: argparse.Namespace) -> Tolerance | None:
     :class:`CommandError`."""
     if args.tolerant is None:
         return None
-    from ...analysis.tolerant import parse_tolerance
+    from ...analysis.tolerant.rule import parse_tolerance
 
     try:
         return parse_tolerance(args.tolerant)

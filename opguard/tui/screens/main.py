@@ -21,7 +21,7 @@ from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
 from ...analysis import RankDiff
-from ...analysis.rows import RankRows, Side
+from ...analysis.browse.rows import RankRows, Side
 from ...store import TraceError
 from ..background import Comparison
 from ..cursor import DebugCursor, Position, Query, Target

@@ -21,7 +21,7 @@ from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
 from ...analysis import RankDiff
-from ...analysis.rows import Side
+from ...analysis.browse.rows import Side
 from ...store import TraceError
 from ..background import Comparison
 from ..messages import DiffReady, WorkFailed

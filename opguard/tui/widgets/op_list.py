@@ -18,7 +18,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from ...analysis.rows import RankRows, Row, Status
+from ...analysis.browse.rows import RankRows, Row, Status
 from ..cursor import DebugCursor, Position, RowFilter
 
 STATUS_WIDTH = 8

@@ -18,9 +18,9 @@ from textual.containers import Vertical
 from textual.widget import Widget
 
 from ...analysis import RankDiff
-from ...analysis.rows import Side
-from ...analysis.text import SPARK_BLOCKS
-from ...analysis.tolerant import DRIFT_AROUND
+from ...analysis.browse.rows import Side
+from ...analysis.tolerant.judgement import DRIFT_AROUND
+from ...analysis.words.text import SPARK_BLOCKS
 
 LABEL_WIDTH = 11
 MAX_CELL_WIDTH = 6

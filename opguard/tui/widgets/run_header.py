@@ -8,8 +8,8 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ...analysis import RankDiff
-from ...analysis.steps import StepCount
-from ...analysis.verdict import label
+from ...analysis.align.steps import StepCount
+from ...analysis.words.verdict import label
 from ..session import RunState
 
 

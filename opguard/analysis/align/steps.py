@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..store import RankTrace
+from ...store import RankTrace
 
 
 @dataclass(frozen=True, slots=True)

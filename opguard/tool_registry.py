@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..children import Refused
-from ..store.errors import TraceError
+from .children import Refused
+from .store.errors import TraceError
 
 MAX_CHARS = 12_000  # per answer: about 3,000 tokens at ~4 characters a token
 Kind = Literal["string", "integer", "number", "boolean", "array"]
@@ -230,7 +230,7 @@ class Tool:
         """The handler's answer, unbounded: the arguments checked, then passed with ``context``
         (what the caller holds for the tool). Raises :class:`ToolError` (one line) for anything
         the caller can correct."""
-        from ..analysis.lookup import QueryError
+        from .analysis.browse.lookup import QueryError
 
         arguments = self.arguments(given)
         module, _, function = self.handler.partition(":")

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..store import OpRecord
-from .divergence import Divergence
+from ...store import OpRecord
+from .model import Divergence
 
 META_KEY = "torch_compile"  # "enabled" | "disabled"; absent in traces from before it existed
 COMPILED_NAMESPACES = ("compiled::", "inductor::")

@@ -12,8 +12,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..store import KernelEntry, OpRecord, TensorRecord
-from ..store.records import STAT_NAMES
+from ...store import KernelEntry, OpRecord, TensorRecord
+from ...store.records import STAT_NAMES
 
 VALUES_SHOWN = 4  # leading elements of a tensor shown beside its stats
 ORIGINS_SHOWN = 4  # source lines shown of a kernel Inductor generated

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..store import OpRecord, RankTrace
-from ..store.environment import (
+from ...store import OpRecord, RankTrace
+from ...store.environment import (
     ANY,
     COLLECTIVE,
     CPU,
@@ -41,12 +41,10 @@ from ..store.environment import (
     SETTING,
     Environment,
 )
+from ..words.text import short_kernel_name
+from ..words.verdict import Cause
 from .gpu_work import StreamRace, kernel_names, short_op_name
-from .text import short_kernel_name
-from .verdict import Cause
-
-if TYPE_CHECKING:
-    from .divergence import Divergence
+from .model import Divergence, LikelyCause
 
 # Kinds of likely cause (the ``kind`` of each entry of ``likely_causes`` in the JSON).
 STREAM_RACE = "stream-race"
@@ -59,16 +57,6 @@ UNVERIFIED_INPUT = "unverified-input"  # the last resort: a guess, not evidence
 
 ITEMS_NAMED = 4  # environment differences named in the cause; the evidence lists them all
 KERNELS_NAMED = 2  # distinct kernel names per run in the different-kernels cause
-
-
-@dataclass(frozen=True, slots=True)
-class LikelyCause:
-    kind: str
-    cause: str  # what happened, in a sentence
-    evidence: str  # what in the traces shows it
-
-    def to_json(self) -> dict[str, str]:
-        return {"cause": self.cause, "evidence": self.evidence, "kind": self.kind}
 
 
 # -- ops PyTorch documents as nondeterministic --------------------------------------------------

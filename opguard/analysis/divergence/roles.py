@@ -11,20 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..store import OpRecord
-from .divergence import Divergence
-from .verdict import Cause
-
-# Op-name prefixes of c10d collectives as the recorder names them (``c10d::allreduce_``,
-# ``_c10d_functional::all_reduce``, ``_c10d_functional::wait_tensor``, …).
-COLLECTIVE_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::")
+from ...store import OpRecord
+from ..words.verdict import Cause
+from .model import Divergence
 
 ORIGIN = "origin"
 RECEIVER = "receiver"
-
-
-def is_collective(op: OpRecord) -> bool:
-    return op.op.startswith(COLLECTIVE_PREFIXES)
 
 
 @dataclass(frozen=True)
@@ -47,6 +39,6 @@ def role_of(div: Divergence) -> Role:
     """Receiver when the producer chain ends at a collective whose inputs and arguments were
     equal on this rank (its output differs only because another rank's input did)."""
     cause = div.a if div.a is not None else div.observed_a
-    if div.cause is Cause.ORIGIN and is_collective(cause):
+    if div.cause is Cause.ORIGIN and cause.is_collective:
         return Role(RECEIVER, cause)
     return Role(ORIGIN)

@@ -4,21 +4,15 @@ The first pass matches ops on the strictest key (op, phase, call site, input sig
 Myers' diff; each gap between matched ops is then re-aligned on the next, looser key, as the
 best trace-comparison tools do in passes. Ops left over are "only in A" / "only in B".
 
-The call site in the strictest key is the *source text* of the call line (comments and spacing
-dropped) and its function, not the file name and line number: the two runs are usually two
-versions of a script (``train.py`` and ``train_v2.py``, or one file edited above the loop), so
-file names differ and lines shift, while the text of unchanged lines stays the same. Sites
-without readable source fall back to file name and line.
+What the keys hold is :mod:`.keys`'s.
 """
 
 from __future__ import annotations
 
-import io
-import tokenize
 from collections.abc import Sequence
 
-from ..store import CallSite, RankTrace
-from .keys import LEVELS, KeyTable, LightOp, LightReader, NonfiniteSink, OpColumns
+from ...store import RankTrace
+from ...store.light import LEVELS, LightOp, OpColumns
 from .myers import Run, TooManyEdits, matching_runs, runs_of
 from .ties import Fetch, settle
 
@@ -27,44 +21,6 @@ GREEDY_WINDOW = 64
 
 Pair = tuple[int | None, int | None]  # (position in A, position in B); None: unaligned
 Levels = Sequence[Sequence[int]]  # alignment keys of a sequence of ops, one sequence per level
-
-
-def normalized_source(line: str) -> str:
-    """A source line as its tokens: comments, indentation and spacing do not count."""
-    tokens: list[str] = []
-    skip = (
-        tokenize.COMMENT,
-        tokenize.NL,
-        tokenize.NEWLINE,
-        tokenize.INDENT,
-        tokenize.DEDENT,
-        tokenize.ENDMARKER,
-    )
-    try:
-        for tok in tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline):
-            if tok.type not in skip:
-                tokens.append(tok.string)
-    except (tokenize.TokenError, SyntaxError):
-        pass  # a line of a longer statement: the tokens read so far
-    return " ".join(tokens) if tokens else line.strip()
-
-
-def site_key(site: CallSite) -> tuple[str, str, int]:
-    """What identifies a call site across two versions of a script (see the module doc)."""
-    text = site.source_line()
-    if text:
-        return (site.function, normalized_source(text), 0)
-    return (f"{site.file.rsplit('/', 1)[-1]}:{site.function}", "", site.line)
-
-
-class AlignReader(LightReader):
-    """:class:`LightReader` whose call-site key is :func:`site_key`."""
-
-    def __init__(
-        self, trace: RankTrace, table: KeyTable, watch: NonfiniteSink | None = None
-    ) -> None:
-        super().__init__(trace, table, watch)
-        self._sites = {ident: site_key(site) for ident, site in trace.sites.items()}
 
 
 def records_of(trace_a: RankTrace, trace_b: RankTrace) -> Fetch:
@@ -92,7 +48,7 @@ def align_step(ops_a: OpColumns, ops_b: OpColumns, fetch: Fetch) -> list[Run]:
 
 
 def align_keys(a: Levels, b: Levels) -> list[Run]:
-    """:func:`align` on keys given per level (as :class:`~opguard.analysis.keys.OpColumns`
+    """:func:`_align` on keys given per level (as :class:`~opguard.store.light.OpColumns`
     holds them), as runs of consecutive matched pairs: (i, j, n) matches a[i + k] with
     b[j + k] for k < n."""
     return _align(a, b, 0)

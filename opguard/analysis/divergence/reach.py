@@ -27,8 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..store import OpRecord, RankTrace, schema
-from .keys import OpColumns
+from ...store import OpRecord, RankTrace, schema
+from ...store.light import OpColumns
 
 # Ops that read only the size, dtype and device of their tensor input, never its values: their
 # output is equal whatever the input holds, so their reading absorbs nothing (``ones_like`` of

@@ -1,4 +1,5 @@
-"""Light views of ops for alignment: their keys at each relaxation level and output content.
+"""Light views of a trace's ops: each op's index, step, alignment keys and output content,
+read as columns without decoding whole records.
 
 The diff reads every op of both traces, so it never decodes whole records: the native scanner
 (``opguard._C.OpScanner``, csrc/opscan.cpp) reads the few fields alignment needs straight from
@@ -6,22 +7,25 @@ the stored msgpack bytes, a chunk of records at a time, and :meth:`LightReader.c
 them on as columns (:class:`OpColumns`), one run of a step at a time. Records the scanner
 leaves alone (unexpected field types, damage), and every record when the extension predates
 the scanner, are decoded in Python into the same values.
+
+What an op's keys are is the alignment's choice (:mod:`opguard.analysis.align.keys`): the
+reader is given a :data:`KeyFunction` and asks it once per distinct op shape the scanner meets.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, Protocol
 
 import msgpack
 
-from ..store import RankTrace, schema
-from ..store.errors import DamagedRecord
-from ..store.reader import _unpack
-from ..store.records import check_op
+from . import schema
+from .errors import DamagedRecord
+from .reader import RankTrace, _unpack
+from .records import check_op
 
 
 def _native_scanner() -> Any:
@@ -58,18 +62,17 @@ def _positive(count: Any) -> bool:
     return type(count) is int and count > 0
 
 
-# Alignment passes, strictest first: op, phase, call site (file, function, line) and input
-# signature; then op, phase and input signature (the code moved or was edited); then op and
-# phase alone (shapes or dtypes changed). A function-name level was tried and dropped: names
-# like ``forward`` are shared by most of a model, so matching on them anchored unrelated ops.
+# Keys an op has, one per alignment pass (the native scanner's columns: three).
 LEVELS = 3
+# An op's key at each level, from its raw record, interned to small ints.
+KeyFunction = Callable[[dict[str, Any]], tuple[int, ...]]
 
 
 @dataclass(frozen=True, slots=True)
 class LightOp:
     index: int
     step: int
-    keys: tuple[int, ...]  # one interned key per level
+    keys: tuple[int, ...]  # one interned key per level (the reader's KeyFunction)
     # The content of the outputs (and the returned scalar): opaque, equal exactly when the
     # contents are (see :func:`outputs_of`).
     outputs: Any
@@ -97,20 +100,6 @@ class OpColumns:
         for mine, theirs in zip(self.keys, other.keys, strict=True):
             mine += theirs
         self.outputs += other.outputs
-
-
-class KeyTable:
-    """Interns key tuples to small ints shared by both traces, so comparisons are int
-    comparisons in the diff's inner loop."""
-
-    def __init__(self) -> None:
-        self._ids: dict[tuple, int] = {}
-
-    def __call__(self, key: tuple) -> int:
-        ident = self._ids.get(key)
-        if ident is None:
-            ident = self._ids[key] = len(self._ids)
-        return ident
 
 
 def _content(entry: dict[str, Any]) -> list[Any]:
@@ -156,7 +145,7 @@ def outputs_of(raw: dict[str, Any]) -> Any:
     return packed
 
 
-def _check_light(raw: Any) -> dict[str, Any]:
+def check_light(raw: Any) -> dict[str, Any]:
     """``raw`` if it holds what :meth:`LightReader.light` reads, else :class:`DamagedRecord`.
     Looser than the reader's check: odd values the recorder never writes (a shape of floats)
     still compare, as before the check existed."""
@@ -215,43 +204,20 @@ class _PythonScanner:
 
 
 class LightReader:
-    """Turns one trace's raw ops into :class:`LightOp` with keys from a shared table."""
+    """Turns one trace's raw ops into :class:`LightOp` and :class:`OpColumns`, each op keyed by
+    ``keys`` (the alignment's key function)."""
 
     def __init__(
-        self, trace: RankTrace, table: KeyTable, watch: NonfiniteSink | None = None
+        self, trace: RankTrace, keys: KeyFunction, watch: NonfiniteSink | None = None
     ) -> None:
         self.trace = trace
-        self._table = table
+        self.keys = keys
         # Told of every op with NaN or Inf in its stats, once, as columns() reads it.
         self._watch = watch
-        self._names = trace.op_names
-        self._sites = {
-            ident: (site.file.rsplit("/", 1)[-1], site.function, site.line)
-            for ident, site in trace.sites.items()
-        }
         self._scanner = _NativeScanner() if _NativeScanner is not None else _PythonScanner()
 
-    def keys(self, raw: dict[str, Any]) -> tuple[int, int, int]:
-        """The op's alignment key at each level."""
-        name = self._names.get(raw["o"], "?")
-        phase = raw.get("p", 3)
-        site = self._sites.get(raw.get("c", -1), ("?", "?", 0))
-        signature = self.signature(raw.get("x", ()))
-        table = self._table
-        return (
-            table((name, phase, site, signature)),
-            table((name, phase, signature)),
-            table((name, phase)),
-        )
-
-    def signature(self, inputs: Any) -> tuple:
-        """The inputs' part of the keys: dtype and shape of each (a layout-aware reader,
-        :mod:`.layouts`, keys shapes by their rank alone)."""
-        return tuple((x.get("d"), tuple(x.get("s", ()))) for x in inputs)
-
     def light(self, raw: dict[str, Any]) -> LightOp:
-        keys = self.keys(raw)
-        return LightOp(raw["i"], raw.get("s", 0), keys, outputs_of(raw))
+        return LightOp(raw["i"], raw.get("s", 0), self.keys(raw), outputs_of(raw))
 
     def _chunks(
         self, start: int, stop: int | None, watch: NonfiniteSink | None = None
@@ -273,7 +239,7 @@ class LightReader:
             nonfinite = scanner.nonfinite() if watch is not None else []
             for position in fallback:
                 try:
-                    raw = _check_light(_unpack(chunk[position]))
+                    raw = check_light(_unpack(chunk[position]))
                 except DamagedRecord as exc:
                     stop_here = _Stop(self.trace, position, damage=exc)
                     break

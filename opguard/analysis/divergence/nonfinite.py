@@ -2,7 +2,7 @@
 did not, per run and rank, from the NaN and Inf counts every tensor entry carries.
 
 The counts are read by the same scan the diff makes (the native scanner reports them with the
-alignment fields, :meth:`~opguard.analysis.keys.LightReader.columns`), so the diff finds the
+alignment fields, :meth:`~opguard.store.light.LightReader.columns`), so the diff finds the
 origins at no extra pass; ``opguard nan`` makes that scan alone. Only the handful of ops named
 are decoded in full.
 
@@ -26,8 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..store import OpRecord, RankTrace, TensorRecord
-from .keys import HAS_NAN, KeyTable, LightReader
+from ...store import OpRecord, RankTrace, TensorRecord
+from ...store.light import HAS_NAN, LightReader
+from ..align.keys import KeyTable, OpKeys
 
 
 def _earliest(current: int | None, index: int) -> int:
@@ -130,6 +131,6 @@ def same_in_both(
 def find_nonfinite(trace: RankTrace) -> Nonfinite | None:
     """Scans one rank's trace (``opguard nan``)."""
     watch = NonfiniteWatch()
-    for _ in LightReader(trace, KeyTable(), watch=watch).columns():
+    for _ in LightReader(trace, OpKeys(trace, KeyTable()), watch=watch).columns():
         pass
     return resolve(trace, watch)

@@ -1,8 +1,8 @@
 """The tolerant diff across parallel layouts (TP=N against TP=1): how the walk of
-:mod:`.diff` judges each aligned pair of a rank pair, given what :mod:`.layouts` says it is.
+:mod:`opguard.analysis.diff` judges each aligned pair of a rank pair, given what :mod:`..align.layouts` says it is.
 
 - A **comparable** pair (each output its logical value in both runs) is judged by the ordinary
-  rule (:class:`~.tolerant.Judge`).
+  rule (:class:`~.judge.Judge`).
 - A **reduced** pair (an output is a partial sum in one run) is judged at the output of the
   collective that makes it whole, its logical value, by rule 2: the ops between comparable
   tensors that made it (shards, the partial sum, the collective) are a region whose output must
@@ -25,17 +25,20 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from ..store import OpRecord, RankTrace, TensorRecord
-from .divergence import Alignment, Divergence, Explainer
-from .layouts import LAYOUT_ONLY, OnlyKind, PairKind, PairLayout, Tensor, layout_of
-from .tolerant import Judge, Judgement, RankTolerance, Reason, Tolerance
-from .verdict import Side
+from ...store import OpRecord, RankTrace, TensorRecord
+from ..align.layouts import LAYOUT_ONLY, OnlyKind, PairKind, PairLayout, Tensor, layout_of
+from ..divergence.explainer import Alignment, Explainer
+from ..divergence.model import Divergence
+from ..words.verdict import Side
+from .judge import Judge
+from .judgement import Judgement, RankTolerance, Reason
+from .rule import Tolerance
 
 LAYOUT_CACHE = 8  # steps whose pairs are kept decoded (producers rarely reach further back)
 
 
 class StepAlignment(Alignment, Protocol):
-    """The walk's alignment, step by step (``diff._StepAlignments``)."""
+    """The walk's alignment, step by step (``step_pairs.StepAlignments``)."""
 
     def step_of(self, index: int, side: int) -> int | None: ...
 
@@ -104,7 +107,7 @@ class LayoutCounts:
 
 class LayoutAlignment:
     """The walk's alignment as the judge and the explainer see it across layouts: only
-    comparable pairs are partners. Each step's pairs are related (:func:`~.layouts.layout_of`)
+    comparable pairs are partners. Each step's pairs are related (:func:`~..align.layouts.layout_of`)
     when first asked about, and counted then."""
 
     def __init__(
@@ -152,7 +155,7 @@ class LayoutAlignment:
 
 
 class LayoutJudge:
-    """:class:`~.tolerant.Judge` across layouts: the walk asks it as it asks the judge."""
+    """:class:`~.judge.Judge` across layouts: the walk asks it as it asks the judge."""
 
     def __init__(
         self,

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..store import KernelEntry, OpRecord, RankTrace
-from .text import short_kernel_name
-from .verdict import Side
+from ...store import KernelEntry, OpRecord, RankTrace
+from ..words.text import short_kernel_name
+from ..words.verdict import Side
 
 MAX_ALIAS_HOPS = 16  # kernel-less ops followed back from an input to the op that wrote it
 

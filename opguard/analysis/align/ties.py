@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
 
-from ..store import OpRecord
-from .keys import LEVELS, OpColumns
+from ...store import OpRecord
+from ...store.light import LEVELS, OpColumns
 from .myers import Run, runs_of
 
 MAX_REGION = 256  # ops per side of one re-aligned region; larger ones keep the diff's pairs

@@ -1,6 +1,6 @@
 """The aligned op list of one rank of two runs, built lazily one step at a time.
 
-A step's rows come from the same alignment the diff uses (:func:`opguard.analysis.align.align`
+A step's rows come from the same alignment the diff uses (:func:`opguard.analysis.align.align_step`
 and :func:`~opguard.analysis.align.merge` on light op views), so the list shows exactly the
 pairs the verdict was drawn from. Only the steps a person looks at are aligned; a few recent
 ones are kept. Rows hold what the list draws (name, call site, stack depth), never full records.
@@ -15,14 +15,15 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from ..store import CallSite, RankTrace
-from ..store.records import UNKNOWN_SITE
-from .align import AlignReader, align_step, columns_of, merge, pairs_of, records_of
-from .diff import RankDiff, StepSummary
-from .keys import KeyTable, LightOp
-from .layouts import LayoutReader
-from .steps import StepIndex
-from .verdict import Side
+from ...store import CallSite, RankTrace
+from ...store.light import LightOp, LightReader
+from ...store.records import UNKNOWN_SITE
+from ..align.keys import KeyTable, OpKeys
+from ..align.layouts import LayoutKeys
+from ..align.passes import align_step, columns_of, merge, pairs_of, records_of
+from ..align.steps import StepIndex
+from ..result import RankDiff, StepSummary
+from ..words.verdict import Side
 
 STEP_CACHE = 16
 
@@ -30,7 +31,7 @@ STEP_CACHE = 16
 class Status(Enum):
     EQUAL = "equal"
     DIFFERING = "differing"
-    ABSORBED = "absorbed"  # differing, but no reader saw the difference (analysis.reach)
+    ABSORBED = "absorbed"  # differing, but no reader saw the difference (analysis.divergence.reach)
     ONLY_A = "only in A"
     ONLY_B = "only in B"
 
@@ -70,9 +71,9 @@ class Row:
 class _Lines:
     """Turns one trace's raw ops into (alignment view, list line) pairs."""
 
-    def __init__(self, trace: RankTrace, table: KeyTable, reader: type[AlignReader]) -> None:
+    def __init__(self, trace: RankTrace, table: KeyTable, keys: type[OpKeys]) -> None:
         self.trace = trace
-        self._light = reader(trace, table)
+        self._light = LightReader(trace, keys(trace, table))
         self._names = trace.op_names
         self._sites = trace.sites
         self._depths = {ident: len(stack) for ident, stack in trace.stacks.items()}
@@ -101,8 +102,8 @@ class RankRows:
         TP=1), whose ops align as the tolerant diff aligns them, by call site and the rank of
         their shapes (a shard lines up with the tensor it is a part of)."""
         table = KeyTable()
-        reader = LayoutReader if across_layouts else AlignReader
-        self._lines = (_Lines(trace_a, table, reader), _Lines(trace_b, table, reader))
+        keys = LayoutKeys if across_layouts else OpKeys
+        self._lines = (_Lines(trace_a, table, keys), _Lines(trace_b, table, keys))
         self._fetch = records_of(trace_a, trace_b)
         self.index = (StepIndex(trace_a), StepIndex(trace_b))
         self.steps: Sequence[int] = sorted(

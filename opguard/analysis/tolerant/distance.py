@@ -26,8 +26,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..store import sketch as stored
-from ..store.records import TensorRecord
+from ...store import sketch as stored
+from ...store.records import TensorRecord
 
 # Chi-square quantiles with BUCKETS (14) degrees of freedom: P(X <= q) = 0.05 and 0.95.
 CHI2_05, CHI2_95 = 6.5706, 23.6848

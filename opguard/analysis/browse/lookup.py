@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..store import CallSite, OpRecord, RankTrace, TensorRecord
+from ...store import CallSite, OpRecord, RankTrace, TensorRecord
 
 
 class QueryError(ValueError):

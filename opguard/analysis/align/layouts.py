@@ -7,7 +7,7 @@ neither the DTensor-level op nor its placements nor the shards' offsets. This mo
 what two such traces hold:
 
 - **alignment**: keys whose input signature holds each shape's rank, not its sizes, so that call
-  site and op anchor a shard against its whole tensor (:class:`LayoutReader`); each pair's
+  site and op anchor a shard against its whole tensor (:class:`LayoutKeys`); each pair's
   shapes are then checked (:func:`relate`): equal, or one is the other split along one dimension
   by the layouts' degree (a shard);
 - **partial values**: an output that a collective only its own run has reads (an all-reduce) is
@@ -30,19 +30,19 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ..store import OpRecord, RankTrace
-from .align import AlignReader, align_step, pairs_of, records_of
-from .keys import KeyTable, OpColumns
-from .roles import is_collective
+from ...store import OpRecord, RankTrace
+from ...store.light import LightReader, OpColumns
+from ..words.verdict import Side
+from .keys import KeyTable, OpKeys
+from .passes import align_step, pairs_of, records_of
 from .steps import StepIndex
-from .verdict import Side
 
 Shape = tuple[int, ...]
 Tensor = tuple[int, int]  # (op index, output position)
 
 
-class LayoutReader(AlignReader):
-    """:class:`AlignReader` whose keys hold each input's dtype and number of dimensions, not
+class LayoutKeys(OpKeys):
+    """:class:`~.keys.OpKeys` whose keys hold each input's dtype and number of dimensions, not
     its sizes: a local shard keys like the tensor it is a part of."""
 
     def signature(self, inputs: Any) -> tuple:
@@ -150,8 +150,8 @@ def layout_step(trace_a: RankTrace, trace_b: RankTrace, step: int, degree: int) 
     the ops only one run has with whether they are the layout's own."""
     table = KeyTable()
     columns = (
-        _step_columns(LayoutReader(trace_a, table), trace_a, step),
-        _step_columns(LayoutReader(trace_b, table), trace_b, step),
+        _step_columns(LightReader(trace_a, LayoutKeys(trace_a, table)), trace_a, step),
+        _step_columns(LightReader(trace_b, LayoutKeys(trace_b, table)), trace_b, step),
     )
     matched = [
         (columns[0].index[i], columns[1].index[j])
@@ -188,7 +188,7 @@ def layout_of(
     return LayoutStep(step, pairs, only)
 
 
-def _step_columns(reader: LayoutReader, trace: RankTrace, step: int) -> OpColumns:
+def _step_columns(reader: LightReader, trace: RankTrace, step: int) -> OpColumns:
     found = StepIndex(trace).get(step)
     if found is None:
         raise ValueError(f"step {step} is not in {trace.path}")
@@ -228,7 +228,7 @@ class _Side:
         value (an all-reduce of a partial sum, an all-gather of a shard)."""
         for reader in self.readers(tensor):
             op = self.ops[reader]
-            if reader not in self.matched and is_collective(op) and op.outputs:
+            if reader not in self.matched and op.is_collective and op.outputs:
                 return reader, 0
         return None
 
@@ -239,7 +239,7 @@ class _Side:
         for index in sorted(self.unmatched(), reverse=True):
             op = self.ops[index]
             readers = [r for k in range(len(op.outputs)) for r in self.readers((index, k))]
-            if is_collective(op):
+            if op.is_collective:
                 kinds[index] = OnlyKind.COLLECTIVE
             elif all(out.is_view or out.is_uninitialized for out in op.outputs):
                 kinds[index] = OnlyKind.SELECTION if _selects(op) else OnlyKind.NO_VALUE

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..store import OpRecord
-from ..store.environment import Environment
+from ...store import OpRecord
+from ...store.environment import Environment
 
 # Unit roundoff (half the distance from 1 to the next number) of each floating-point dtype as
 # traces name them: 2**-p for p significand bits (the implicit one included).

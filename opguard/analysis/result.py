@@ -1,0 +1,216 @@
+"""What comparing two runs found: per step, per rank and for the whole run, with the verdict.
+
+:mod:`.diff` fills these in; the report, the JSON (:mod:`.contract`), the TUI and the agent
+read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .align.steps import StepCount
+from .divergence.compilation import known_difference
+from .divergence.model import Divergence
+from .divergence.nonfinite import Nonfinite
+from .divergence.reach import Absorbed
+from .divergence.roles import ORIGIN, Role, role_of
+from .state_diff import StateComparison, StepDivergence
+from .tolerant.judgement import Judgement, RankTolerance
+from .tolerant.layout_judge import LayoutCounts
+from .tolerant.rule import Tolerance
+
+
+@dataclass
+class StepSummary:
+    step: int
+    aligned: int = 0
+    only_a: int = 0
+    only_b: int = 0
+    differing: int = 0  # aligned pairs whose outputs differ
+    # Aligned pairs (op index in A, in B) whose difference no reader saw (.reach), judged
+    # before the first divergence: not counted in ``differing``.
+    absorbed_pairs: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def absorbed(self) -> int:
+        return len(self.absorbed_pairs)
+
+
+@dataclass
+class RankDiff:
+    rank: int
+    # The steps each run holds, as every front end counts them (the whole run, also with --step).
+    count_a: StepCount = field(default_factory=StepCount)
+    count_b: StepCount = field(default_factory=StepCount)
+    aligned: int = 0
+    only_a: int = 0
+    only_b: int = 0
+    differing: int = 0
+    # Differences judged before the first divergence that reached nothing (the first few).
+    absorbed: list[Absorbed] = field(default_factory=list)
+    absorbed_count: int = 0
+    steps: list[StepSummary] = field(default_factory=list)
+    unaligned_a: list[int] = field(default_factory=list)  # first few op indices only in A
+    unaligned_b: list[int] = field(default_factory=list)
+    first: Divergence | None = None
+    notes: list[str] = field(default_factory=list)
+    # Where NaN/Inf first appeared in each run (None: never, or not scanned).
+    nonfinite_a: Nonfinite | None = None
+    nonfinite_b: Nonfinite | None = None
+    nonfinite_scanned: bool = False  # False with --step: only part of the runs was read
+    nonfinite_same: bool = False  # both runs met the same NaN/Inf values (nonfinite.same_in_both)
+    # The step-level records compared (None: a run holds none); ``ops_compared`` False: a
+    # run holds step-level records only, which alone gave the verdict.
+    states: StateComparison | None = None
+    ops_compared: bool = True
+    # --tolerant: what rounding explained (``first`` then is the first op it does not explain)
+    tolerance: RankTolerance | None = None
+    # --tolerant across parallel layouts: the ranks compared (``rank`` is the multi-rank
+    # run's) and what was compared by value
+    layout: LayoutCounts | None = None
+
+    @property
+    def trace_ranks(self) -> tuple[int, int]:
+        """The rank of run A and of run B compared (across layouts, the single-rank run's
+        one rank against each rank of the other)."""
+        if self.layout is not None:
+            return self.layout.rank_a, self.layout.rank_b
+        return self.rank, self.rank
+
+    @property
+    def state_first(self) -> StepDivergence | None:
+        """The first step whose state differs, from the step-level records."""
+        return self.states.first if self.states is not None else None
+
+    @property
+    def diverged(self) -> bool:
+        return self.first is not None or self.state_first is not None
+
+    @property
+    def steps_a(self) -> int:
+        return self.count_a.steps
+
+    @property
+    def steps_b(self) -> int:
+        return self.count_b.steps
+
+    @property
+    def role(self) -> Role | None:
+        """Origin or receiver of its first divergence (None when the rank did not diverge)."""
+        return role_of(self.first) if self.first is not None else None
+
+
+@dataclass
+class RunDiff:
+    """The comparison of two runs: every compared rank, and the verdict."""
+
+    path_a: str
+    path_b: str
+    meta_a: dict[str, Any]
+    meta_b: dict[str, Any]
+    ranks: list[RankDiff]
+    # Ranks recorded in one run only (runs of different world sizes): listed, not compared.
+    only_in_a: list[int] = field(default_factory=list)
+    only_in_b: list[int] = field(default_factory=list)
+    # --tolerant: how differences were judged (None: bit for bit)
+    tolerance: Tolerance | None = None
+
+    @property
+    def uncompared(self) -> list[str]:
+        """One line per rank recorded in one run only."""
+        compared = len(self.ranks)
+        sizes = f"{compared + len(self.only_in_a)} vs {compared + len(self.only_in_b)}"
+        return [
+            f"rank {k} was recorded only in run {name} (ranks {sizes}): not compared"
+            for name, only in (("A", self.only_in_a), ("B", self.only_in_b))
+            for k in only
+        ]
+
+    @property
+    def notes(self) -> list[str]:
+        """What could not be compared across ranks, then each compared rank's notes."""
+        return self.uncompared + [n for r in self.ranks for n in r.notes]
+
+    @property
+    def first(self) -> Divergence | None:
+        """The earliest divergence of an origin rank; of any rank when every rank received
+        its difference (the sender was not compared, e.g. with ``--rank``)."""
+        origins = [r.first for r in self.ranks if r.first is not None and self._is_origin(r)]
+        found = origins or [r.first for r in self.ranks if r.first is not None]
+        return min(found, key=lambda d: (d.step, d.observed_a.index, d.rank)) if found else None
+
+    @property
+    def first_judgement(self) -> Judgement | None:
+        """--tolerant: why rounding does not explain :attr:`first` (its distances)."""
+        first = self.first
+        for r in self.ranks:
+            if r.first is first and first is not None and r.tolerance is not None:
+                return r.tolerance.first
+        return None
+
+    @property
+    def origin_ranks(self) -> list[int]:
+        return [r.rank for r in self.ranks if r.first is not None and self._is_origin(r)]
+
+    @staticmethod
+    def _is_origin(r: RankDiff) -> bool:
+        role = r.role
+        return role is not None and role.role == ORIGIN
+
+    @property
+    def state_first(self) -> StepDivergence | None:
+        """The earliest (step, then rank) step whose state differs, from the step-level records
+        (the verdict where a run holds step-level records only)."""
+        found = [r.state_first for r in self.ranks if r.state_first is not None]
+        return min(found, key=lambda d: (d.step, d.rank)) if found else None
+
+    @property
+    def diverged(self) -> bool:
+        """Whether the runs differ: an op-level divergence, or a step whose state differs
+        (with --tolerant: in a rank compared by its step-level records alone; where ops were
+        compared, they judge)."""
+        if self.first is not None:
+            return True
+        if self.tolerance is None:
+            return self.state_first is not None
+        return any(r.state_first is not None and not r.ops_compared for r in self.ranks)
+
+    @property
+    def verdict(self) -> str:
+        """``identical``, ``diverged``, or with --tolerant ``within-rounding``: the runs
+        differ, by no more than rounding explains."""
+        if self.diverged:
+            return "diverged"
+        if self.tolerance is not None and self.differs:
+            return "within-rounding"
+        return "identical"
+
+    @property
+    def differs(self) -> bool:
+        """Whether any compared value differs at all (an aligned op's outputs, a state)."""
+        return self.state_first is not None or any(
+            r.differing or r.absorbed_count for r in self.ranks
+        )
+
+    def drift(self) -> list[tuple[int, float | None]]:
+        """--tolerant: the largest relative distance of each step's aligned ops over the
+        ranks, for the steps around the first divergence (every step when none); None where
+        a distance was unknown."""
+        around = self.first.step if self.first is not None else None
+        largest: dict[int, float | None] = {}
+        for r in self.ranks:
+            if r.tolerance is None:
+                continue
+            steps = [s.step for s in r.steps]
+            for step, distance in r.tolerance.drift_series(steps, around):
+                known = largest.get(step, 0.0)
+                unknown = distance is None or (step in largest and known is None)
+                largest[step] = None if unknown else max(known or 0.0, distance or 0.0)
+        return sorted(largest.items())
+
+    @property
+    def known_difference(self) -> str:
+        """Why the first divergence is expected (compiled vs eager recording), or ''."""
+        first = self.first
+        return known_difference(first, self.meta_a, self.meta_b) if first is not None else ""

@@ -1,0 +1,339 @@
+"""The tolerant judge: at each aligned pair whose outputs differ, whether rounding explains it
+(the rules: :mod:`opguard.analysis.tolerant`), and the first divergence where it does not."""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+from typing import Any
+
+from ...store import OpRecord, RankTrace, TensorRecord
+from ..divergence.explainer import Alignment, Explainer
+from ..divergence.model import ArgumentDiff, Divergence, differing_arguments
+from ..divergence.model import differing_tensors as differing
+from ..words.verdict import Cause, Kind, Side
+from .distance import EQUAL, Distance, tensor_distance
+from .judgement import DRIFT_AROUND, Judgement, Producers, RankTolerance, Reason
+from .rounding import divides, dtype_unit, op_unit
+from .rule import Tolerance
+from .sources import Sources
+from .views import Distances
+
+
+class Judge:
+    """Judges one rank's aligned pairs whose outputs differ, in execution order (the rules:
+    the module doc)."""
+
+    def __init__(
+        self,
+        tolerance: Tolerance,
+        traces: tuple[RankTrace, RankTrace],
+        alignment: Alignment,
+    ) -> None:
+        self.tolerance = tolerance
+        self.traces = traces
+        self.alignment = alignment
+        self.environments = (traces[0].environment, traces[1].environment)
+        self.found = RankTolerance()
+        self._first_step: int | None = None
+        self.distances = Distances(traces)
+        self.sources = Sources(traces, alignment, self.distances)
+
+    def measuring(self, step: int) -> bool:
+        """Whether pairs of ``step`` are still judged: before the first divergence, and for
+        the drift series after it."""
+        return self._first_step is None or step <= self._first_step + DRIFT_AROUND
+
+    def judge(self, op_a: OpRecord, op_b: OpRecord) -> Judgement | None:
+        """None when rounding explains the difference of aligned ops ``op_a``/``op_b``."""
+        if not _same_shapes(op_a, op_b):
+            self.sources.unpair(op_a.index, op_b.index)
+            return None
+        unit = op_unit(op_a, op_b, self.environments)
+        judged = self._arguments(op_a, op_b, unit)
+        if judged is None:
+            d_in, judged, discrete = self._inputs(op_a, op_b, unit)
+            if judged is None:
+                judged = self._outputs(op_a, op_b, d_in, unit, discrete)
+        if judged is not None and judged.reason is Reason.UNKNOWN:
+            self.found.unknown_steps.add(op_a.step)
+        return judged
+
+    def divergence(
+        self, explainer: Explainer, op_a: OpRecord, op_b: OpRecord, judged: Judgement
+    ) -> Divergence:
+        """The first divergence at ``op_a``/``op_b``, classified by what was not explained;
+        an unknown distance gives the bitwise answer."""
+        self.found.first, self._first_step = judged, op_a.step
+        if judged.reason is Reason.UNKNOWN:
+            div = explainer.explain(op_a, op_b)
+            div.summary = f"{judged.what}: the bitwise answer — {div.summary}"
+            return div
+        cause = {
+            Reason.ARGUMENT: Cause.RNG if op_a.rng != op_b.rng else Cause.ARGUMENT,
+            Reason.LEAF: Cause.LEAF,
+            Reason.STRUCTURE: Cause.INSERTED,
+            Reason.AMPLIFIED: Cause.ORIGIN,
+        }[judged.reason]
+        div = explainer.explain_at(op_a, op_b, cause, judged.slot, judged.producers)
+        if div.kind is Kind.ORIGIN:  # the bitwise words say its inputs were equal
+            op = div.observed_a
+            div.summary = f"{op.op} at {op.call_site.short()}: {judged.what}"
+        else:
+            div.summary = f"{div.summary}; {judged.what}"
+        return div
+
+    def region_output(
+        self,
+        op_a: OpRecord,
+        op_b: OpRecord,
+        tensors: tuple[TensorRecord, TensorRecord],
+        producers: Producers,
+        what: str,
+    ) -> Judgement | None:
+        """Rule 2 for ``tensors`` that aligned ops ``op_a``/``op_b`` stand for but ops the
+        alignment does not pair wrote (``producers``): a partial sum made whole by a
+        collective one parallel layout has (:mod:`.layout_judge`). They must be within
+        ``A * d + R * u`` of the aligned tensors those ops read; ``what`` names them in the
+        judgement's sentence. None when rounding explains them."""
+        ta, tb = tensors
+        unit = op_unit(op_a, op_b, self.environments)
+        distance = self.distances.between(ta, tb)
+        if distance is None:
+            self.found.unknown_steps.add(op_a.step)
+            return _unknown(ta.slot, "output", _why_unknown(ta, tb), unit)
+        self._drift(op_a, distance.estimate)
+        judged = self._source_judgement(
+            ta.slot, tensors, distance, Reason.STRUCTURE, producers, unit, what=what
+        )
+        if judged is None:
+            self.found.explained += 1
+        return judged
+
+    # -- the rules -------------------------------------------------------------------------
+
+    def _arguments(self, op_a: OpRecord, op_b: OpRecord, unit: float | None) -> Judgement | None:
+        if op_a.rng != op_b.rng:
+            return Judgement(
+                Reason.ARGUMENT, None, None, None, unit, "the RNG state it consumed differs"
+            )
+        limit = self.tolerance.limit(0.0, unit)
+        for arg in differing_arguments(op_a, op_b):
+            distance = _argument_distance(arg)
+            if distance is None or distance > limit:
+                how = (
+                    "not a number rounding changes"
+                    if distance is None
+                    else f"{distance:.2g} relative, more than rounding explains ({limit:.2g})"
+                )
+                return Judgement(Reason.ARGUMENT, None, None, limit, unit, f"a real change: {how}")
+        return None
+
+    def _inputs(
+        self, op_a: OpRecord, op_b: OpRecord, unit: float | None
+    ) -> tuple[Distance, Judgement | None, tuple[str, ...]]:
+        """The largest input distance, the judgement of an input that is not explained, and
+        the integer/bool inputs that differ."""
+        d_in: Distance = EQUAL
+        discrete: list[str] = []
+        for d in differing(op_a.inputs, op_b.inputs):
+            ta, tb = d.a, d.b
+            if ta is None or tb is None:
+                return EQUAL, _unknown(d.slot, "input", "exists in one run only", unit), ()
+            if ta.is_uninitialized or tb.is_uninitialized:
+                continue  # garbage in both: what it becomes is judged where it is written
+            if not _floating(ta, tb):
+                discrete.append(d.slot)
+                continue
+            distance = self.distances.between(ta, tb) or self.distances.bound_by_outputs(
+                op_a, op_b, tb
+            )
+            if distance is None:
+                return EQUAL, _unknown(d.slot, "input", _why_unknown(ta, tb), unit), ()
+            source, producers = self.sources.source(ta, tb)
+            if source is not None:
+                judged = self._source_judgement(d.slot, (ta, tb), distance, source, producers, unit)
+                if judged is not None:
+                    return EQUAL, judged, ()
+            if d_in.exact or distance.estimate > d_in.estimate:
+                d_in = distance
+        return d_in, None, tuple(discrete)
+
+    def _source_judgement(
+        self,
+        slot: str,
+        tensors: tuple[TensorRecord, TensorRecord],
+        distance: Distance,
+        source: Reason,
+        producers: Producers,
+        unit: float | None,
+        what: str = "",
+    ) -> Judgement | None:
+        own = max((u for t in tensors if (u := dtype_unit(t.dtype)) is not None), default=None)
+        if source is Reason.LEAF:
+            limit = self.tolerance.limit(0.0, own)
+            what = f"input '{slot}', which no recorded op produced"
+        else:
+            region, region_unit, dividing = self.sources.region(producers)
+            unit = max((u for u in (unit, region_unit) if u is not None), default=None)
+            limit = self.tolerance.limit(region, unit, dividing)
+            what = what or f"input '{slot}', written by ops of one run only"
+        if distance.estimate <= limit:
+            return None
+        return Judgement(
+            source,
+            None,
+            None,
+            limit,
+            own if source is Reason.LEAF else unit,
+            f"{what}, differs by {distance.text()} relative, more than rounding explains "
+            f"({limit:.2g})",
+            slot=slot,
+            tensor=distance,
+            producers=(
+                self.sources.computing(Side.A, producers[0]),
+                self.sources.computing(Side.B, producers[1]),
+            ),
+        )
+
+    def _outputs(
+        self,
+        op_a: OpRecord,
+        op_b: OpRecord,
+        d_in: Distance,
+        unit: float | None,
+        discrete: tuple[str, ...],
+    ) -> Judgement | None:
+        d_out: Distance | None = None
+        flips = 0
+        for d in differing(op_a.outputs, op_b.outputs):
+            ta, tb = d.a, d.b
+            if ta is None or tb is None:
+                return _unknown(d.slot, "output", "exists in one run only", unit, d_in)
+            if ta.is_view or tb.is_view:
+                continue  # a view's data is its base's, judged where it is read
+            if not _floating(ta, tb):
+                flips += 1
+                continue
+            distance = tensor_distance(ta, tb)
+            if distance is None:
+                return _unknown(d.slot, "output", _why_unknown(ta, tb), unit, d_in)
+            if d_out is None or distance.estimate > d_out.estimate:
+                d_out = distance
+        returned = _returned_distance(op_a.returned, op_b.returned)
+        if returned is not None and (d_out is None or returned.estimate > d_out.estimate):
+            d_out = returned
+        elif returned is None and op_a.returned != op_b.returned:
+            flips += 1
+        dividing = divides(op_a.op) or divides(op_b.op)
+        budget = self.tolerance.limit(0.0 if d_in.exact else d_in.estimate, unit, dividing)
+        if d_out is not None:
+            self._drift(op_a, d_out.estimate)
+            if d_out.estimate > budget:
+                return Judgement(
+                    Reason.AMPLIFIED,
+                    d_out,
+                    d_in,
+                    budget,
+                    unit,
+                    _amplified_text(d_out, d_in, budget, self.tolerance),
+                    discrete_inputs=discrete,
+                )
+        self.found.explained += 1
+        self.found.flips += flips
+        return None
+
+    def _drift(self, op_a: OpRecord, distance: float) -> None:
+        """Keeps ``distance`` as its step's drift where it is the step's largest so far."""
+        drift = self.found.drift
+        drift[op_a.step] = max(drift.get(op_a.step, 0.0), distance)
+
+
+def _amplified_text(d_out: Distance, d_in: Distance, budget: float, tolerance: Tolerance) -> str:
+    """What exceeded what, in words."""
+    if tolerance.rel is not None:
+        return f"outputs differ by {d_out.text()} relative, more than {tolerance.rel:g}"
+    source = (
+        "its inputs are equal"
+        if d_in.exact
+        else f"{d_out.estimate / d_in.estimate if d_in.estimate else math.inf:.3g}× its "
+        f"inputs' {d_in.text()}"
+    )
+    return (
+        f"outputs differ by {d_out.text()} relative, {source}; rounding explains up to {budget:.2g}"
+    )
+
+
+def _same_shapes(op_a: OpRecord, op_b: OpRecord) -> bool:
+    """Whether two aligned ops read and write tensors of the same shapes, in order (their
+    dtypes may differ: one op computed at two precisions)."""
+    return [t.shape for t in op_a.inputs] == [t.shape for t in op_b.inputs] and [
+        t.shape for t in op_a.outputs
+    ] == [t.shape for t in op_b.outputs]
+
+
+def _floating(ta: TensorRecord, tb: TensorRecord) -> bool:
+    return dtype_unit(ta.dtype) is not None or dtype_unit(tb.dtype) is not None
+
+
+def _why_unknown(ta: TensorRecord, tb: TensorRecord) -> str:
+    if ta.shape != tb.shape:
+        return f"has other shapes ({list(ta.shape)} vs {list(tb.shape)})"
+    without = [name for name, t in (("A", ta), ("B", tb)) if t.sketch is None]
+    runs = " and ".join(without)
+    return (
+        f"has no sketch in run {runs} (a trace recorded before sketches, no finite value, "
+        "or no readable storage)"
+    )
+
+
+def _unknown(
+    slot: str, role: str, why: str, unit: float | None, d_in: Distance | None = None
+) -> Judgement:
+    return Judgement(
+        Reason.UNKNOWN,
+        None,
+        d_in,
+        None,
+        unit,
+        f"distance unknown: {role} '{slot}' {why}",
+        slot=slot,
+    )
+
+
+def _argument_distance(arg: ArgumentDiff) -> float | None:
+    """The relative difference of two runs' values of a numeric argument (the largest over a
+    list of numbers); None for anything else (a bool, a string, an argument not passed)."""
+    if not (arg.a_passed and arg.b_passed):
+        return None
+    return _value_distance(arg.a, arg.b)
+
+
+def _value_distance(a: Any, b: Any) -> float | None:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return None
+        parts = [_value_distance(x, y) for x, y in zip(a, b, strict=True)]
+        return (
+            None if any(p is None for p in parts) else max((p or 0.0 for p in parts), default=0.0)
+        )
+    if a == b and type(a) is type(b):
+        return 0.0
+    if not _is_number(a) or not _is_number(b):
+        return None
+    scale = max(abs(a), abs(b))
+    return abs(a - b) / scale if scale else 0.0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _returned_distance(a: Any, b: Any) -> Distance | None:
+    """An op's returned floats (``.item()``) as a distance; None for other values."""
+    if not (isinstance(a, float) and isinstance(b, float) and a != b):
+        return None
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return None
+    distance = abs(a - b) / abs(a) if a else math.inf
+    return Distance(distance, distance, distance, 0.0, abs(a), abs(b), True)

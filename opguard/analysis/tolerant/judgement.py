@@ -1,0 +1,101 @@
+"""What the tolerant walk says of an aligned pair rounding does not explain (:class:`Judgement`,
+its :class:`Reason`), and what it found on one rank (:class:`RankTolerance`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from .distance import Distance, finite
+
+Producer = tuple[int, int]  # (op index, output slot)
+Producers = tuple[Producer | None, Producer | None]  # in A, in B
+DRIFT_AROUND = 5  # steps either side of the first divergence in the drift series
+
+
+class Reason(StrEnum):
+    """Why an aligned op's difference is not explained by rounding (the JSON's words)."""
+
+    AMPLIFIED = "amplified"  # its outputs differ more than its inputs and rounding explain
+    ARGUMENT = "argument"  # a non-tensor argument, or the RNG state, changed
+    LEAF = "leaf"  # an input no recorded op produced differs beyond rounding
+    STRUCTURE = "structure"  # an input ops of one run only wrote differs beyond rounding
+    UNKNOWN = "unknown"  # a distance that decides it is unknown (no sketch, other shapes)
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """An aligned pair of ops whose difference rounding does not explain: why, and the
+    distances (``input``: EQUAL when the inputs are equal; None where unknown). For LEAF and
+    STRUCTURE, ``slot`` is the input and ``tensor`` its distance; ``limit`` what rounding
+    explains of the tensor judged (``budget`` of the outputs for AMPLIFIED)."""
+
+    reason: Reason
+    output: Distance | None
+    input: Distance | None
+    limit: float | None
+    unit: float | None
+    what: str  # one sentence: what exceeded what
+    slot: str = ""
+    tensor: Distance | None = None
+    producers: Producers = (None, None)
+    discrete_inputs: tuple[str, ...] = ()  # integer/bool inputs that differ (flips upstream)
+
+    @property
+    def amplification(self) -> float | None:
+        """``d_out / d_in``; None when the inputs are equal or a distance is unknown."""
+        if self.output is None or self.input is None or self.input.exact:
+            return None
+        return self.output.estimate / self.input.estimate if self.input.estimate else math.inf
+
+    def amplification_text(self) -> str:
+        if self.input is not None and self.input.exact:
+            return "inputs equal"
+        amplification = self.amplification
+        return "unknown" if amplification is None else f"{amplification:.3g}×"
+
+    def to_json(self) -> dict[str, Any]:
+        output = self.output
+        return {
+            "reason": self.reason,
+            "output": finite(output.estimate) if output is not None else None,
+            "input": finite(self.input.estimate) if self.input is not None else None,
+            "amplification": finite(self.amplification),
+            "inputs_equal": self.input is not None and self.input.exact,
+            "budget": self.limit,
+            "unit": self.unit,
+            "interval": [finite(output.low), finite(output.high)] if output is not None else None,
+            "floor": output.floor if output is not None else None,
+            "norms": {"a": output.norm_a, "b": output.norm_b} if output is not None else None,
+            "slot": self.slot or None,
+            "tensor": self.tensor.to_json() if self.tensor is not None else None,
+            "discrete_inputs": list(self.discrete_inputs),
+            "text": self.what,
+        }
+
+
+@dataclass
+class RankTolerance:
+    """What the tolerant walk found on one rank: the pairs rounding explained, the discrete
+    flips among them, the first unexplained pair's judgement (beside ``RankDiff.first``), and
+    the largest relative distance of each step's aligned ops (``drift``: the steps measured)."""
+
+    explained: int = 0
+    flips: int = 0
+    first: Judgement | None = None
+    drift: dict[int, float] = field(default_factory=dict)
+    unknown_steps: set[int] = field(default_factory=set)  # a distance there was unknown
+
+    def drift_series(
+        self, steps: Sequence[int], around: int | None
+    ) -> list[tuple[int, float | None]]:
+        """(step, largest distance) of the compared ``steps``, those within ``DRIFT_AROUND``
+        of step ``around`` when given; None for a step where a distance was unknown."""
+        return [
+            (step, None if step in self.unknown_steps else self.drift.get(step, 0.0))
+            for step in steps
+            if around is None or abs(step - around) <= DRIFT_AROUND
+        ]

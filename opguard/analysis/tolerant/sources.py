@@ -1,0 +1,144 @@
+"""Where the values of an input that differs were written, for the tolerant judge: by an
+aligned pair (judged there), by no recorded op (a leaf), or by ops of one run only (a region,
+whose own rounding and the aligned tensors it read bound what it may change). Views are
+followed back to where their values were written; ops that only move values to the op that
+computed them."""
+
+from __future__ import annotations
+
+from ...store import OpRecord, RankTrace, TensorRecord
+from ..divergence.explainer import Alignment
+from ..words.verdict import Side
+from .judgement import Producer, Producers, Reason
+from .rounding import data_input, divides, dtype_unit, moves
+from .views import MAX_VIEW_CHAIN, Distances
+
+MAX_REGION = 64  # ops of one run only followed back from an input they wrote
+
+
+class Sources:
+    """The sources of one rank's tensors across the two runs, given the walk's alignment."""
+
+    def __init__(
+        self,
+        traces: tuple[RankTrace, RankTrace],
+        alignment: Alignment,
+        distances: Distances,
+    ) -> None:
+        self.traces = traces
+        self.alignment = alignment
+        self.distances = distances
+        # Aligned pairs whose tensors have other shapes: not one op in both runs (the
+        # alignment paired two ops of one name, as a fused optimizer's one add with a foreach
+        # optimizer's other), judged as ops of one run only (indices in A, in B).
+        self._unpaired: set[tuple[int, int]] = set()
+
+    def unpair(self, index_a: int, index_b: int) -> None:
+        """Tells that aligned ops ``index_a``/``index_b`` are two ops, not one in both runs."""
+        self._unpaired.add((index_a, index_b))
+
+    def source(self, ta: TensorRecord, tb: TensorRecord) -> tuple[Reason | None, Producers]:
+        """LEAF or STRUCTURE for an input rounding must explain by itself, with the ops that
+        wrote it; None for one an aligned pair wrote (judged there). An aligned pair whose
+        outputs are views was not judged (a view's values are its base's): the views are
+        followed back to where their values were written."""
+        align = self.alignment
+        for _ in range(MAX_VIEW_CHAIN):
+            pa, pb = ta.producer, tb.producer
+            if pa is None and pb is None:
+                return Reason.LEAF, (pa, pb)
+            if pa is not None and pb is not None and self.paired(pa[0], pb[0]):
+                if not (ta.is_view or tb.is_view):  # without decoding the producers
+                    return None, (pa, pb)
+                op_a, op_b = self.traces[0].op(pa[0]), self.traces[1].op(pb[0])
+                if not (_is_view(op_a, pa[1]) or _is_view(op_b, pb[1])):
+                    return None, (pa, pb)
+                if not (op_a.inputs and op_b.inputs):
+                    break
+                ta, tb = op_a.inputs[0], op_b.inputs[0]
+                continue
+            if (pa is None or not align.compared(pa[0], 0)) and (
+                pb is None or not align.compared(pb[0], 1)
+            ):
+                return Reason.LEAF, (pa, pb)  # made before the compared steps (--step): as data
+            return Reason.STRUCTURE, (pa, pb)
+        return None, (ta.producer, tb.producer)
+
+    def paired(self, index_a: int, index_b: int) -> bool:
+        """Whether A's op ``index_a`` and B's ``index_b`` are one op in both runs."""
+        return self.partner(Side.A, index_a) == index_b
+
+    def partner(self, side: Side, index: int) -> int | None:
+        """The other run's op that ``side``'s op ``index`` is one op with: aligned to it and
+        not told apart (an unpaired pair is two ops); None where there is none."""
+        other = (self.alignment.b_of if side is Side.A else self.alignment.a_of)(index)
+        if other is None:
+            return None
+        pair = (index, other) if side is Side.A else (other, index)
+        return None if pair in self._unpaired else other
+
+    def region(self, producers: Producers) -> tuple[float, float | None, bool]:
+        """Of the ops of one run only that wrote an input (followed back through other such
+        ops, and through aligned ops whose outputs are views, which judged nothing): the
+        largest distance of the aligned ops' outputs they read, the coarsest unit roundoff of
+        their own tensors (a cast to bfloat16 only one run has rounds at bfloat16), and
+        whether one of them divides by a tensor."""
+        largest, unit, dividing = 0.0, None, False
+        for side, produced in zip(Side, producers, strict=True):
+            if produced is None:
+                continue
+            trace = self.traces[side.value]
+            pending, seen = [produced], {produced[0]}
+            while pending and len(seen) <= MAX_REGION:
+                index, slot = pending.pop()
+                op = trace.op(index)
+                other = self.partner(side, index)
+                if other is not None and not self._views(side, op, other, slot):
+                    largest = max(largest, self._aligned_distance(side, index, other))
+                    continue
+                if other is None and not moves(op):
+                    dividing = dividing or divides(op.op)
+                    for t in (*op.inputs, *op.outputs):
+                        own = dtype_unit(t.dtype)
+                        if own is not None and (unit is None or own > unit):
+                            unit = own
+                for t in op.inputs:
+                    if t.producer is not None and t.producer[0] not in seen:
+                        seen.add(t.producer[0])
+                        pending.append(t.producer)
+        return largest, unit, dividing
+
+    def _views(self, side: Side, op: OpRecord, other: int, slot: int) -> bool:
+        """Whether output ``slot`` of the aligned pair of ``side``'s ``op`` and the other run's
+        op ``other`` is a view in either run (a pair whose outputs were not judged)."""
+        return _is_view(op, slot) or _is_view(self.traces[1 - side.value].op(other), slot)
+
+    def computing(self, side: Side, producer: Producer | None) -> Producer | None:
+        """The op that computed the values ``producer`` wrote: followed back through ops that
+        only move values (views, copies) to the one that made them, the op to name."""
+        for _ in range(MAX_VIEW_CHAIN):
+            if producer is None:
+                return None
+            op = self.traces[side.value].op(producer[0])
+            source = data_input(op) if moves(op) else 0 if _is_view(op, producer[1]) else None
+            if source is None or source >= len(op.inputs) or op.inputs[source].producer is None:
+                return producer
+            producer = op.inputs[source].producer
+        return producer
+
+    def _aligned_distance(self, side: Side, index: int, other: int) -> float:
+        """The largest distance between the outputs of an aligned pair (0 where unknown: the
+        region's bound is then only what the region's own rounding explains)."""
+        mine, theirs = self.traces[side.value].op(index), self.traces[1 - side.value].op(other)
+        ops = (mine, theirs) if side is Side.A else (theirs, mine)
+        largest = 0.0
+        for ta, tb in zip(ops[0].outputs, ops[1].outputs, strict=False):
+            distance = self.distances.between(ta, tb)
+            if distance is not None:
+                largest = max(largest, distance.estimate)
+        return largest
+
+
+def _is_view(op: OpRecord, slot: int) -> bool:
+    """Whether ``op``'s output ``slot`` is a view (its values are its base's)."""
+    return 0 <= slot < len(op.outputs) and op.outputs[slot].is_view
