@@ -160,9 +160,9 @@ def test_python_reading_gives_the_same_diff(
 ) -> None:
     """Without the native scanner (an extension built before it) every record is decoded in
     Python: the diff must come out the same."""
-    from opguard.analysis import diff_runs, keys
+    from opguard.analysis import diff_runs
     from opguard.analysis.contract import to_json
-    from opguard.store import Run
+    from opguard.store import Run, light
 
     root, _ = pair
 
@@ -171,5 +171,5 @@ def test_python_reading_gives_the_same_diff(
             return to_json(diff_runs(a, b))
 
     native = diffed()
-    monkeypatch.setattr(keys, "_NativeScanner", None)
+    monkeypatch.setattr(light, "_NativeScanner", None)
     assert diffed() == native
