@@ -20,6 +20,8 @@ SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 BASE = SCENARIOS / "base.py"
 GPT2_BASE = SCENARIOS / "gpt2_base.py"
 COMPILED = SCENARIOS / "compiled_model.py"
+ACCUMULATE = SCENARIOS / "accumulate.py"
+PENALTY = SCENARIOS / "penalty.py"
 
 VARIANTS = (  # variant_NAME.py: base.py with one change
     "lr",
@@ -62,6 +64,13 @@ RECORDINGS: dict[str, tuple[Path, tuple[str, ...]]] = {
     "eager_numpy": (COMPILED, ("--eager",)),
     "eager_verified": (COMPILED, ("--eager", "--verify-inputs")),
     "eager_numpy_verified": (COMPILED, ("--eager", "--verify-inputs")),
+    # rounding-only pairs (docs/COMPARING.md): the thread count, a sum in another order
+    "accum_threads_1": (ACCUMULATE, ()),
+    "accum_threads_2": (ACCUMULATE, ()),
+    "one_batch_threads_1": (ACCUMULATE, ()),
+    "one_batch_threads_2": (ACCUMULATE, ()),
+    "penalty": (PENALTY, ()),
+    "penalty_reversed": (PENALTY, ()),
 }
 # The script's own arguments, for recordings that pass any.
 SCRIPT_ARGS: dict[str, tuple[str, ...]] = {
@@ -69,6 +78,11 @@ SCRIPT_ARGS: dict[str, tuple[str, ...]] = {
     "compiled_divide": ("--scale", "divide"),
     "eager_numpy": ("--numpy-write",),
     "eager_numpy_verified": ("--numpy-write",),
+    "accum_threads_1": ("--threads", "1", "--accum", "2"),
+    "accum_threads_2": ("--threads", "2", "--accum", "2"),
+    "one_batch_threads_1": ("--threads", "1", "--accum", "1"),
+    "one_batch_threads_2": ("--threads", "2", "--accum", "1"),
+    "penalty_reversed": ("--reversed",),
 }
 # Variants compared with each other rather than with base.py (the second of each pair).
 BETWEEN_VARIANTS = {

@@ -20,7 +20,15 @@ from typing import Any
 
 import pytest
 from conftest import line_of, run_cli
-from scenario_runs import BASE, GPT2_BASE, SCENARIOS, Recordings, session_recordings
+from scenario_runs import (
+    ACCUMULATE,
+    BASE,
+    GPT2_BASE,
+    PENALTY,
+    SCENARIOS,
+    Recordings,
+    session_recordings,
+)
 
 
 @pytest.fixture(scope="session")
@@ -358,6 +366,43 @@ def test_real_difference_after_an_absorbed_one_is_named(runs: Recordings) -> Non
     assert_site(first["a"], SCENARIOS / "variant_workspace.py", "opt.step")
     report = run_cli("diff", str(a), str(b)).stdout
     assert "absorbed: scenario::normalized" in report
+
+
+# -- 11. runs that differ only in how they round ------------------------------------------------
+
+
+@pytest.mark.parametrize("micro", ["accum", "one_batch"])
+def test_thread_count_names_the_first_reduction_that_rounds_otherwise(
+    runs: Recordings, micro: str
+) -> None:
+    """One and two intra-op threads: the final LayerNorm's backward sums its weight and bias
+    gradients in another split. Its gradients reach ``.grad`` through ``detach`` views and
+    meet the next micro-batch's (or every other layer's, in the clipping norm) at one reader:
+    two differences that reach only that reader reach it together, so neither is absorbed and
+    the earlier is named, where its inputs were still equal."""
+    a, b = runs(f"{micro}_threads_1", f"{micro}_threads_2")
+    first = diverged(*diff(a, b))
+    assert (first["kind"], first["cause"], first["step"]) == ("origin", "origin", 0)
+    assert first["a"]["op"] == "aten::native_layer_norm_backward.default"
+    assert first["a"] == first["observed"]["a"]
+    assert_site(first["a"], ACCUMULATE, "final_norm")
+    assert {d["slot"] for d in first["outputs_differ"]} == {"1", "2"}
+    assert first["inputs_differ"] == []
+    assert first["likely_causes"][0]["kind"] == "environment"
+
+
+def test_a_sum_in_another_order_is_named_at_its_line(runs: Recordings) -> None:
+    """The L2 penalty summed over the parameters reversed: the aligned ``pow`` of one run reads
+    the parameter the other run squares last. Bit for bit, the penalty's line is named as a
+    computation taken in another order, not the parameters' initialisation; under
+    ``--tolerant`` its total differs by rounding only."""
+    a, b = runs("penalty", "penalty_reversed")
+    first = diverged(*diff(a, b))
+    assert (first["kind"], first["cause"], first["step"]) == ("structure", "reordered", 0)
+    assert_site(first["a"], PENALTY, "penalty")
+    assert_site(first["b"], PENALTY, "penalty")
+    code, result = diff(a, b, "--tolerant")
+    assert (code, result["verdict"]) == (0, "within-rounding"), result["first_divergence"]
 
 
 # -- narrowing, exit codes, the human report, runs of different lengths ------------------------------

@@ -13,10 +13,12 @@ from collections.abc import Callable
 from ..analysis import Divergence, TensorDiff
 from ..analysis.divergence.causes import ENVIRONMENT, STREAM_RACE
 from ..analysis.divergence.gpu_work import kernel_names
+from ..analysis.divergence.summary import producer_text
 from ..analysis.state_diff import StepDivergence
 from ..analysis.tolerant.judgement import Judgement, Reason
 from ..analysis.words.text import number, op_line, value_text
 from ..analysis.words.verdict import WORDS, Cause
+from ..store import OpRecord
 from .metadata import MetaDiff
 
 # Machine epsilon per floating dtype: differences within a few ulps are rounding, not a bug.
@@ -153,11 +155,19 @@ def _structure(div: Divergence) -> list[str]:
     words = WORDS[div.cause].reading
     if div.cause is Cause.REPLACED and div.a is not None and div.b is not None:
         return [words.format(index=div.a.index, name=div.a.op, b=op_line(div.b), seen=seen)]
+    if div.cause is Cause.REORDERED and div.chain:
+        link = div.chain[-1]
+        a, b = (producer_text(op, link.slot) for op in (link.a, link.b))
+        return [words.format(op=op_line(link.a), source=_quoted(link.a), a=a, b=b, seen=seen)]
     op = div.b if div.cause is Cause.INSERTED else div.a
     assert op is not None
+    return [words.format(op=op_line(op), source=_quoted(op), seen=seen)]
+
+
+def _quoted(op: OpRecord) -> str:
+    """`` `the source line` `` of an op's call site, or nothing where it cannot be read."""
     source = op.call_site.source_line()
-    quoted = f" `{source}`" if source else ""
-    return [words.format(op=op_line(op), source=quoted, seen=seen)]
+    return f" `{source}`" if source else ""
 
 
 def _last_slot(div: Divergence) -> str:
@@ -194,6 +204,7 @@ CAUSES: dict[Cause, Callable[[Divergence], list[str]]] = {
     Cause.INSERTED: _structure,
     Cause.REMOVED: _structure,
     Cause.REPLACED: _structure,
+    Cause.REORDERED: _structure,
     Cause.LEAF: _leaf,
     Cause.UNRECORDED_WRITE: _unrecorded,
     Cause.EARLIER_STEP: _earlier,

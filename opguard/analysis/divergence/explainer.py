@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ...store import OpRecord, RankTrace, TensorRecord
+from ..align.moves import crossed
 from ..words.verdict import Cause, Kind, Side
 from .findings import add_findings
 from .model import (
@@ -212,9 +213,13 @@ class Explainer:
     def _structure(
         self, div: Divergence, pa: tuple[int, int] | None, pb: tuple[int, int] | None
     ) -> None:
-        """The two runs' producers of the differing input are not partners: name the op that
-        exists in one run only. A producer that has a partner elsewhere in the other run is
-        not the cause (it exists in both); the other side's unpartnered op is."""
+        """The two runs' producers of the differing input (of the chain's last link) are not
+        partners: name the op that exists in one run only. A producer that has a partner
+        elsewhere in the other run is not the cause (it exists in both); the other side's
+        unpartnered op is. Where both have partners elsewhere, nothing exists in one run only:
+        the reading ops take, in each run, what the other run computes at another point (a sum
+        in another order, reordered statements: :func:`~..align.moves.crossed`), and they are
+        named."""
         align = self.alignment
         div.kind = Kind.STRUCTURE
         cause_a = self.trace_a.op(pa[0]) if pa is not None else None
@@ -222,6 +227,10 @@ class Explainer:
         if cause_a is not None and cause_b is not None:
             a_partnered = align.b_of(cause_a.index) is not None
             b_partnered = align.a_of(cause_b.index) is not None
+            if div.chain and self._crossed(div.chain[-1]):
+                link = div.chain[-1]
+                div.a, div.b, div.cause = link.a, link.b, Cause.REORDERED
+                return
             if a_partnered and not b_partnered:
                 cause_a = None  # B's extra op made the difference
             elif b_partnered and not a_partnered:
@@ -234,6 +243,15 @@ class Explainer:
             if cause_a is not None
             else Cause.INSERTED
         )
+
+    def _crossed(self, link: Link) -> bool:
+        """Whether the link's differing input was read in the other order in the two runs."""
+        ta = next((t for t in link.a.inputs if t.slot == link.slot), None)
+        tb = next((t for t in link.b.inputs if t.slot == link.slot), None)
+        if ta is None or tb is None:
+            return False
+        traces = (self.trace_a, self.trace_b)
+        return crossed(traces, (self.alignment.b_of, self.alignment.a_of), ta, tb)
 
 
 def _write_window(

@@ -7,8 +7,11 @@ that op, though the backward that reads the scalars ignores them. So an aligned 
 outputs differ is the first divergence only if the difference reaches something:
 
 * a later op that reads a differing output (directly or through views) produces a different
-  output, and the difference is its only differing input (else another difference reached it
-  too, and that one is found in its own turn);
+  output, and the difference is its only differing input; or its other differing inputs come
+  from differences that reach nothing on their own (two differences that meet only at one
+  reader, as two micro-batches' gradients summed into one ``.grad``, reach it together: the
+  earlier is the first divergence). Where another input's difference does reach something by
+  itself, that one explains the reader, and is found in its own turn;
 * or an op that only one run has reads it (a cast only one run makes): what that op made is
   not compared with anything, so nothing says the difference stopped there;
 * or the output is state that outlives the op: a tensor written in place (a parameter, a
@@ -156,6 +159,7 @@ def _overload_free(name: str | None) -> str | None:
 
 
 FIRST_LOOK = 64  # ops indexed past a difference before the first look for its readers
+MAX_VIEW_HOPS = 16  # views followed back from a reader's input to the op that computed it
 
 
 class Reach:
@@ -173,10 +177,15 @@ class Reach:
         self._a_to_b = pairs
         self._b_to_a = {b: a for a, b in pairs.items()}
         self._readers = (_Readers(traces[0], ops[0]), _Readers(traces[1], ops[1]))
+        self._alone: dict[tuple[int, int], bool] = {}  # pair -> whether it reaches by itself
 
-    def absorbed(self, pa: int, pb: int, a: OpRecord, b: OpRecord) -> Absorbed | None:
+    def absorbed(
+        self, pa: int, pb: int, a: OpRecord, b: OpRecord, *, alone: bool = False
+    ) -> Absorbed | None:
         """An :class:`Absorbed` when the difference between ops ``a`` and ``b`` (positions
-        ``pa`` / ``pb`` in the step) reaches nothing; None when it reaches something."""
+        ``pa`` / ``pb`` in the step) reaches nothing; None when it reaches something.
+        ``alone``: a reader that read another difference too does not count as reached (how
+        another difference is asked whether it reaches anything by itself)."""
         if a.returned != b.returned or len(a.outputs) != len(b.outputs):
             return None  # a value handed to Python, or outputs that do not correspond
         slots = [
@@ -209,9 +218,12 @@ class Reach:
                 if r > index_a.scanned or s > index_b.scanned or (r, s) in judged:
                     continue  # one side not indexed yet, or judged in an earlier look
                 judged.add((r, s))
-                if ops_a.outputs[r] != ops_b.outputs[s] and self._attributable(
-                    r, s, tainted_a, tainted_b
-                ):
+                if ops_a.outputs[r] == ops_b.outputs[s]:
+                    continue
+                others = self._other_differences(r, s, tainted_a, tainted_b)
+                if others is None:
+                    continue  # its own argument or RNG state changed: that explains it
+                if not others or not (alone or all(self._reaches_alone(q) for q in others)):
                     return None
             if index_a.complete and index_b.complete:
                 break
@@ -222,20 +234,66 @@ class Reach:
             a, b, tuple(a.outputs[k].slot for k in slots), tuple(ops_a.index[r] for r, _ in pairs)
         )
 
-    def _attributable(self, r: int, s: int, tainted_a: set[Ref], tainted_b: set[Ref]) -> bool:
-        """Whether the reader pair at positions ``r`` / ``s`` differs only through the tainted
-        tensors: every other input and every argument equal, the same RNG state."""
+    def _other_differences(
+        self, r: int, s: int, tainted_a: set[Ref], tainted_b: set[Ref]
+    ) -> list[tuple[int, int]] | None:
+        """The reader pair at positions ``r`` / ``s`` beside the tainted tensors: the aligned
+        pairs of this step (positions) whose outputs are its other differing inputs; None when
+        something else explains it by itself (an argument or the RNG state changed, an input
+        exists on one side only, or comes from an op of one run only, data or an earlier
+        step)."""
         (trace_a, trace_b), (ops_a, ops_b) = self._traces, self._ops
         x, y = trace_a.op(ops_a.index[r]), trace_b.op(ops_b.index[s])
         if x.args != y.args or x.rng != y.rng:
-            return False
+            return None
         theirs = {t.slot: t for t in y.inputs}
+        others: list[tuple[int, int]] = []
         for t in x.inputs:
             u = theirs.get(t.slot)
             if u is None:
-                return False
+                return None
             if t.producer in tainted_a or u.producer in tainted_b:
                 continue
-            if t.content_key() != u.content_key():
-                return False
-        return True
+            if t.content_key() == u.content_key():
+                continue
+            source = self._aligned_source(t.producer, u.producer)
+            if source is None:
+                return None
+            others.append(source)
+        return others
+
+    def _aligned_source(self, pa: Ref | None, pb: Ref | None) -> tuple[int, int] | None:
+        """The aligned pair of this step (positions in A, in B) that computed two inputs'
+        values, followed back through views (whose values are their base's); None for data,
+        an op of one run only or one of an earlier step."""
+        (trace_a, trace_b), (ops_a, ops_b) = self._traces, self._ops
+        for _ in range(MAX_VIEW_HOPS):
+            if pa is None or pb is None:
+                return None
+            qa, qb = ops_a.position(pa[0]), ops_b.position(pb[0])
+            if qa is None or qb is None or self._a_to_b.get(qa) != qb:
+                return None
+            op_a, op_b = trace_a.op(pa[0]), trace_b.op(pb[0])
+            if not (_is_view(op_a, pa[1]) and _is_view(op_b, pb[1])):
+                return qa, qb
+            if not (op_a.inputs and op_b.inputs):
+                return None
+            pa, pb = op_a.inputs[0].producer, op_b.inputs[0].producer
+        return None
+
+    def _reaches_alone(self, pair: tuple[int, int]) -> bool:
+        """Whether the difference of the aligned pair at ``pair`` (positions) reaches something
+        by itself: it is state, a value handed to Python, read by an op of one run only, or
+        read by an op that changed through it alone (:meth:`absorbed` with readers that read
+        another difference counting as unchanged)."""
+        found = self._alone.get(pair)
+        if found is None:
+            qa, qb = pair
+            (trace_a, trace_b), (ops_a, ops_b) = self._traces, self._ops
+            a, b = trace_a.op(ops_a.index[qa]), trace_b.op(ops_b.index[qb])
+            found = self._alone[pair] = self.absorbed(qa, qb, a, b, alone=True) is None
+        return found
+
+
+def _is_view(op: OpRecord, slot: int) -> bool:
+    return 0 <= slot < len(op.outputs) and op.outputs[slot].is_view

@@ -65,4 +65,19 @@ def summarise(div: Divergence) -> str:
         return words.format(op=_op_text(div.a), where=where)
     if div.cause is Cause.REPLACED and div.a is not None and div.b is not None:
         return words.format(a=_op_text(div.a), b=_op_text(div.b), where=where)
+    if div.cause is Cause.REORDERED and div.chain:
+        link = div.chain[-1]
+        return words.format(
+            slot=link.slot,
+            op=link.a.op,
+            site=link.a.call_site.short(),
+            a=producer_text(link.a, link.slot),
+            b=producer_text(link.b, link.slot),
+        )
     return f"outputs of {where} differ"
+
+
+def producer_text(op: OpRecord, slot: str) -> str:
+    """``op #12``: the op that wrote ``op``'s input ``slot``, as the report numbers ops."""
+    producer = next((t.producer for t in op.inputs if t.slot == slot), None)
+    return f"op #{producer[0]}" if producer is not None else "data"

@@ -49,6 +49,8 @@ class Judge:
         if not _same_shapes(op_a, op_b):
             self.sources.unpair(op_a.index, op_b.index)
             return None
+        if self.sources.reordered(op_a, op_b):
+            return None
         unit = op_unit(op_a, op_b, self.environments)
         judged = self._arguments(op_a, op_b, unit)
         if judged is None:

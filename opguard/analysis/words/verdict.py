@@ -48,6 +48,7 @@ class Cause(StrEnum):
     INSERTED = "inserted"
     REMOVED = "removed"
     REPLACED = "replaced"
+    REORDERED = "reordered"  # the differing input comes from ops both runs have, in other order
     # step-level records: the part of the step whose state differs first
     LOSS = "loss"
     GRADIENT = "gradient"
@@ -112,6 +113,14 @@ WORDS: dict[Cause, Words] = {
     Cause.REPLACED: Words(
         "{a} in run A was replaced by {b} in run B; it feeds the divergence at {where}",
         "op #{index} {name} of run A was replaced in run B by {b}; {seen}",
+    ),
+    Cause.REORDERED: Words(
+        "input '{slot}' of {op} at {site} comes in each run from an op the other run has too, "
+        "at another point ({a} in run A, {b} in run B): the runs compute the same things in "
+        "another order",
+        "{op}{source} reads, in each run, a tensor the other run computes too but at another "
+        "point ({a} in run A, {b} in run B): reordered statements, or a sum taken in another "
+        "order; {seen}",
     ),
     Cause.LOSS: Words(
         state="the loss differs: the forward of step {step} (or the loss computed from it)"
