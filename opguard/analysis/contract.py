@@ -289,6 +289,12 @@ def to_json(result: RunDiff) -> dict[str, Any]:
         "drift": [{"step": step, "max_rel_distance": finite(d)} for step, d in result.drift()]
         if result.tolerance is not None
         else None,
+        "unread": [
+            {"rank": r.rank, "run": name.lower(), "why": why}
+            for r in result.ranks
+            for name, why in r.unread
+        ],
+        "scope": result.scope() or None,
     }
 
 

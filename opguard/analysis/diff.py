@@ -92,7 +92,6 @@ def _diff_steps_only(trace_a: RankTrace, trace_b: RankTrace, step: int | None) -
             )
     result = RankDiff(rank=trace_a.rank, ops_compared=False)
     result.count_a, result.count_b = count_steps(trace_a), count_steps(trace_b)
-    result.notes.extend(_trace_notes(trace_a, trace_b))
     result.states = compare_states(trace_a, trace_b, step=step)
     result.notes.extend(result.states.notes)
     with_ops = [name for name, trace in traces if len(trace)]
@@ -101,6 +100,7 @@ def _diff_steps_only(trace_a: RankTrace, trace_b: RankTrace, step: int | None) -
             f"run {with_ops[0]} holds op records, the other run step-level records only: "
             "compared step by step"
         )
+    _end_of_reading(result, trace_a, trace_b)
     return result
 
 
@@ -221,7 +221,7 @@ def _diff_ops(
     if result.absorbed_count > len(result.absorbed):
         more = result.absorbed_count - len(result.absorbed)
         result.notes.append(f"absorbed: {more} more difference(s) that no reader saw")
-    result.notes.extend(_trace_notes(trace_a, trace_b))
+    _end_of_reading(result, trace_a, trace_b)
     if judge is not None:
         result.tolerance = judge.found
     if result.first is not None:
@@ -229,9 +229,17 @@ def _diff_ops(
     return result
 
 
+def _end_of_reading(result: RankDiff, trace_a: RankTrace, trace_b: RankTrace) -> None:
+    """Notes how each run's recording ended and where reading it stopped, when that limits
+    what was compared, and keeps what could not be read (the verdict is then incomplete)."""
+    result.notes.extend(_trace_notes(trace_a, trace_b))
+    traces = (("A", trace_a), ("B", trace_b))
+    result.unread = [(name, trace.damage) for name, trace in traces if trace.damage]
+    result.unfinished = [name for name, trace in traces if not trace.finished]
+
+
 def _trace_notes(trace_a: RankTrace, trace_b: RankTrace) -> list[str]:
-    """How each run's recording ended, and where reading it stopped, when that limits what
-    was compared."""
+    """How each run's recording ended, and where reading it stopped."""
     notes = []
     for name, trace in (("A", trace_a), ("B", trace_b)):
         if not trace.finished:

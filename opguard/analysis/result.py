@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .align.steps import StepCount
+from .align.steps import StepCount, range_text
 from .divergence.compilation import known_difference
 from .divergence.model import Divergence
 from .divergence.nonfinite import Nonfinite
@@ -19,6 +19,11 @@ from .state_diff import StateComparison, StepDivergence
 from .tolerant.judgement import Judgement, RankTolerance
 from .tolerant.layout_judge import LayoutCounts
 from .tolerant.rule import Tolerance
+
+# The verdicts, and the exit status each gives ``opguard diff`` and ``explain`` (2: an error).
+# ``incomplete``: nothing differed in what could be read, and a run could not be read to its
+# end (a damaged record): never a verdict of equality.
+EXIT_STATUS = {"identical": 0, "within-rounding": 0, "diverged": 1, "incomplete": 3}
 
 
 @dataclass
@@ -69,6 +74,9 @@ class RankDiff:
     # --tolerant across parallel layouts: the ranks compared (``rank`` is the multi-rank
     # run's) and what was compared by value
     layout: LayoutCounts | None = None
+    # What could not be read of a run that the comparison reached: (run "A" or "B", why)
+    unread: list[tuple[str, str]] = field(default_factory=list)
+    unfinished: list[str] = field(default_factory=list)  # runs whose recording did not end
 
     @property
     def trace_ranks(self) -> tuple[int, int]:
@@ -178,13 +186,46 @@ class RunDiff:
 
     @property
     def verdict(self) -> str:
-        """``identical``, ``diverged``, or with --tolerant ``within-rounding``: the runs
-        differ, by no more than rounding explains."""
+        """``identical``, ``diverged``, with --tolerant ``within-rounding`` (the runs differ,
+        by no more than rounding explains), or ``incomplete``: no divergence in what was read,
+        but part of a run could not be read (:data:`EXIT_STATUS`)."""
         if self.diverged:
             return "diverged"
+        if self.incomplete:
+            return "incomplete"
         if self.tolerance is not None and self.differs:
             return "within-rounding"
         return "identical"
+
+    @property
+    def exit_status(self) -> int:
+        return EXIT_STATUS[self.verdict]
+
+    @property
+    def incomplete(self) -> bool:
+        """Whether reading a run stopped before its end where the comparison reached it."""
+        return any(r.unread for r in self.ranks)
+
+    def scope(self) -> str:
+        """What the verdict covers where it is not the whole of both runs, in words (empty
+        otherwise): the steps compared, and which run could not be read further or did not
+        finish."""
+        cut = [
+            *(
+                f"run {name} could not be read further ({why})"
+                for r in self.ranks
+                for name, why in r.unread
+            ),
+            *(
+                f"run {name} did not finish"
+                for name in sorted({n for r in self.ranks for n in r.unfinished})
+            ),
+        ]
+        if not cut:
+            return ""
+        steps = sorted({s.step for r in self.ranks for s in r.steps})
+        compared = f"over {range_text(steps[0], steps[-1])}" if steps else "over no op"
+        return f"{compared}: {'; '.join(dict.fromkeys(cut))}"
 
     @property
     def differs(self) -> bool:

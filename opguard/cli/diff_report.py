@@ -123,11 +123,14 @@ def _likely_causes(div: Divergence) -> None:
 
 def print_diff(result: RunDiff) -> None:
     verdict = result.verdict
-    colour = "red" if verdict == "diverged" else "green"
+    colour = {"diverged": "red", "incomplete": "yellow"}.get(verdict, "green")
     console.print(
         f"[bold {colour}]{verdict.upper()}[/]  A: {escape(result.path_a)}  "
         f"B: {escape(result.path_b)}"
     )
+    scope = result.scope()
+    if scope:
+        console.print(f"  [bold {colour}]{escape(scope)}[/]")
     note = mode_note(result.meta_a, result.meta_b)
     if note:
         console.print(f"  note: {escape(note)}")

@@ -79,7 +79,7 @@ def explain_report(
             except (BudgetRefused, ProviderError) as exc:
                 raise ToolError(str(exc)) from None
             report["agent"] = transcript.finish(session.agent)
-    return report, 1 if result.diverged else 0
+    return report, result.exit_status
 
 
 def brief_report(report: dict[str, Any]) -> dict[str, Any]:

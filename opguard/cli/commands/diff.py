@@ -7,6 +7,7 @@ import argparse
 
 from ...analysis import diff_runs
 from ...analysis.contract import to_json
+from ...analysis.result import EXIT_STATUS
 from ...store import Run
 from .base import CommandError, add_tolerant, call_tool, print_json, tolerance_of
 
@@ -16,7 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "diff",
         help="name the first op where two runs stop computing the same",
         description="Aligns two recorded runs and names the first observed difference. "
-        "Exit status: 0 identical (or within rounding, with --tolerant), 1 diverged, 2 error.",
+        "Exit status: 0 identical (or within rounding, with --tolerant), 1 diverged, 2 error, "
+        "3 incomplete (no divergence in what could be read; part of a run could not be read).",
     )
     p.add_argument("run_a", metavar="RUN_A")
     p.add_argument("run_b", metavar="RUN_B")
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         keys = ("run_a", "run_b", "rank", "step", "tolerant", "brief", "offset", "limit")
         answer = call_tool("diff", {k: getattr(args, k) for k in keys})
         print_json(answer)
-        return 1 if answer.get("verdict") == "diverged" else 0
+        return EXIT_STATUS[answer["verdict"]]
     with Run(args.run_a) as run_a, Run(args.run_b) as run_b:
         result = diff_runs(run_a, run_b, rank=args.rank, step=args.step, tolerance=tolerance)
         if args.json:
@@ -55,4 +57,4 @@ def run(args: argparse.Namespace) -> int:
             from ..diff_report import print_diff
 
             print_diff(result)
-    return 1 if result.diverged else 0
+    return result.exit_status

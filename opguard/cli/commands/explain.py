@@ -1,8 +1,8 @@
 """``opguard explain RUN_A RUN_B [--model M] [--budget USD] [--max-tokens N] [--api-base URL]
 [--json]``: the first divergence explained, by an LLM under a budget or offline by rule.
 
-Exit status as for ``diff``: 0 identical, 1 diverged, 2 error (a call the budget refused is an
-error: it was not sent).
+Exit status as for ``diff``: 0 identical, 1 diverged, 2 error, 3 incomplete (a call the budget
+refused is an error: it was not sent).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Builds the evidence bundle of the first divergence and asks a model "
         "(any LiteLLM model string) to explain it, refusing any call whose worst-case cost "
         "does not fit the budget. Without a model: the bundle and the rule-based reading. "
-        "Exit status: 0 identical, 1 diverged, 2 error.",
+        "Exit status: 0 identical, 1 diverged, 2 error, 3 incomplete (part of a run unreadable).",
     )
     p.add_argument("run_a", metavar="RUN_A")
     p.add_argument("run_b", metavar="RUN_B")
@@ -133,8 +133,13 @@ def _print_opening(session: Session) -> None:
     print(evidence.text)
     print(f"evidence: {evidence.size()}")
     if not session.result.diverged:
-        how = "identical" if session.result.verdict == "identical" else "within rounding"
-        print(f"The runs are {how}: nothing to explain, no model asked.")
+        scope = session.result.scope()
+        how = {"identical": "identical", "within-rounding": "within rounding"}.get(
+            session.result.verdict, "identical as far as they could be read"
+        )
+        print(
+            f"The runs are {how}{f' ({scope})' if scope else ''}: nothing to explain, no model asked."
+        )
     else:
         print(
             f"No model configured: the reading above is OpGuard's offline answer.\n{HOW_TO_ENABLE}"
