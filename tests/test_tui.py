@@ -26,6 +26,7 @@ from traces import TraceBuilder, tensor
 from opguard.analysis import diff_runs
 from opguard.analysis.align.steps import StepIndex
 from opguard.analysis.browse.rows import OpLine, Row, Side, Status
+from opguard.analysis.tolerant.rule import Tolerance
 from opguard.store import (
     CallSite,
     KernelEntry,
@@ -44,6 +45,7 @@ from opguard.tui.series import loss_series
 from opguard.tui.session import Session
 from opguard.tui.widgets.agent_panel import AgentPanel
 from opguard.tui.widgets.detail_pane import SETTLE_SECONDS, DetailPane
+from opguard.tui.widgets.pictures import Bars
 from opguard.tui.widgets.prompt import Prompt
 
 SIZE = (150, 44)
@@ -563,6 +565,44 @@ async def test_search_goto_filters_rank_and_panels(demo_runs: tuple[Path, Path])
         assert isinstance(app.screen, HelpScreen)
         await _press(pilot, "escape")
         assert not isinstance(app.screen, HelpScreen)
+
+
+@pytest.fixture(scope="module")
+def rounding_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A pair that differs by rounding alone (fp32 against bf16 autocast, tests/tolerant_runs.py):
+    every op's outputs differ, their step-level records too."""
+    from tolerant_runs import record_runs
+
+    runs = record_runs(tmp_path_factory.mktemp("rounding"), ["fp32", "bf16"])
+    return runs["fp32"], runs["bf16"]
+
+
+async def test_tolerant_within_rounding_says_so_and_opens_on_the_first_difference(
+    rounding_runs: tuple[Path, Path],
+) -> None:
+    """``opguard tui A B --tolerant`` on runs within rounding: the header says so, as ``diff
+    --tolerant`` and the drift line do (the step-level records differ by rounding too: not a
+    divergence); the list opens on the first op whose outputs differ and ``d`` comes back to
+    it; the drift line and both loss lines are all on screen."""
+    app = OpguardApp(Session.open(*rounding_runs, Tolerance()))
+    notes: list[str] = []
+    app.notify = lambda message, **kw: notes.append(message)  # type: ignore[method-assign]
+    async with app.run_test(size=SIZE) as pilot:
+        await _settle_until(pilot, lambda: bool(app.main._diffs))
+        header = str(app.query_one("#run-header").render())
+        assert "WITHIN-ROUNDING" in header and "DIVERGED" not in header, header
+        assert "explained by rounding" in header, header
+        first = app.cursor.position
+        assert app.cursor.row.status is Status.DIFFERING, app.cursor.row
+        await _press(pilot, "right_square_bracket")
+        assert app.cursor.position != first
+        await _press(pilot, "d")
+        assert app.cursor.position == first
+        assert "within rounding" in notes[-1], notes
+        await _settle_until(pilot, lambda: bool(app.query_one("#loss-b", Bars).values))
+        for bars in app.query(Bars):
+            region = bars.region
+            assert bars.display and app.screen.get_widget_at(region.x, region.y)[0] is bars, bars
 
 
 # -- snapshots ---------------------------------------------------------------------------------
