@@ -402,6 +402,8 @@ def _argument_cases(t: dict[str, Path], d: Path) -> dict[str, list[str]]:
         "record-missing-script": ["record", "-o", out, "--", str(d / "nope.py")],
         "record-bad-steps": ["record", "-o", out, "--steps", "x", "--", str(script)],
         "record-zero-steps": ["record", "-o", out, "--steps", "0", "--", str(script)],
+        "record-huge-keep-last": ["record", "-o", out, "--keep-last", huge, "--", str(script)],
+        "record-huge-window": ["record", "-o", out, "--window", f"1:{huge}", "--", str(script)],
         "record-output-a-file": ["record", "-o", str(d / "a-file"), "--", str(script)],
         "record-output-a-run": ["record", "-o", g, "--", str(script)],
         "record-missing-module": ["record", "-o", out, "-m", "no_such_module_anywhere"],

@@ -21,6 +21,7 @@ from typing import Any
 import lmdb
 import msgpack
 
+from ..record_options import unreached_window
 from . import schema
 from .captures import CapturedTensor, parse_key
 from .environment import Environment, environment_of
@@ -200,6 +201,22 @@ class RankTrace:
             or self.failure is not None
             or "write_failure" in self.info
         )
+
+    @property
+    def unreached_window(self) -> str:
+        """Why a run recorded with ``--window`` holds no op: its steps ended before the window
+        began (:func:`~opguard.record_options.unreached_window`); '' otherwise."""
+        window = self.meta.get("window")
+        if len(self) or not (
+            isinstance(window, list) and len(window) == 2 and all(type(n) is int for n in window)
+        ):
+            return ""
+        end = self.info.get("end")
+        ended_at = end.get("steps") if isinstance(end, dict) else None
+        if type(ended_at) is not int:  # killed: in the step after its last step-level record
+            span = self.step_span()
+            ended_at = span[1] + 1 if span is not None else None
+        return unreached_window((window[0], window[1]), ended_at) if ended_at is not None else ""
 
     def last_op(self) -> tuple[int, int] | None:
         """(index, step) of the last op on disk; None for an empty trace."""
