@@ -545,6 +545,10 @@ def test_refusals_say_what_is_wrong(
     )
     assert "newer" in said("info-newer-schema/0:show")
     assert "no valid schema version" in said("meta-no-schema/0:show")
+    empty = [case for case in results if case.startswith("data-empty/")]
+    assert len(empty) > 15  # every reading command
+    for case in empty:
+        assert "data.mdb is empty (0 bytes): never written, or truncated" in said(case), case
     assert "truncated" in said("data-truncated-by-half/0:show")
     assert "truncated" in said("data-truncated-by-1-page/4:diff")
     assert "has a damaged node" in said("data-value-past-its-page/4:diff")

@@ -95,8 +95,14 @@ class _Environments:
         key = os.path.realpath(path)
         env, count = self._open.get(key, (None, 0))
         if env is None:
-            if not (path / "data.mdb").is_file():
+            data = path / "data.mdb"
+            if not data.is_file():
                 raise lmdb.Error("no data.mdb")
+            if data.stat().st_size == 0:  # LMDB would say "Bad file descriptor"
+                raise TraceError(
+                    f"{path}: not a readable OpGuard trace: data.mdb is empty (0 bytes): never "
+                    "written, or truncated"
+                )
             env = lmdb.open(
                 str(path),
                 readonly=True,
