@@ -443,6 +443,27 @@ class RankTrace:
             return ()
         return tuple(_kernel_entries(raw)) if raw is not None else ()
 
+    def first_gpu_start(self, start: int, stop: int) -> int | None:
+        """When the GPU work of ops ``start`` to ``stop - 1`` began (ns, CUPTI's clock): the
+        earliest start among the entries of the first of them that launched any (one cursor
+        step: the ``kernels`` database holds entries only for ops with GPU work); None when
+        none did, or no time was recorded."""
+        db = self._dbs.get("kernels")
+        if db is None or stop <= start:
+            return None
+        try:
+            with self._env.begin() as txn:
+                cursor = txn.cursor(db=db)
+                if not cursor.set_range(schema.op_key(_clamped(start))):
+                    return None
+                if _op_index(cursor.key()) >= stop:
+                    return None
+                entries = _kernel_entries(cursor.value())
+        except (lmdb.Error, DamagedRecord):
+            return None  # kernels are evidence, not the trace
+        starts = [k.start_ns for k in entries if k.start_ns is not None]
+        return min(starts) if starts else None
+
     def unclaimed_between(
         self, start: int, stop: int, limit: int
     ) -> tuple[list[tuple[int, KernelEntry]], int]:
