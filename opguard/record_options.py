@@ -17,6 +17,9 @@ from typing import Any, Literal
 from .capture_spec import DEFAULT_LIMIT, CaptureSpec, SpecError, parse_size
 
 Window = tuple[int, int]  # op-level recording for steps START <= s < STOP
+# The largest step number or count of steps an option takes: past any run, within the signed
+# 64-bit step numbers a trace stores (and the sizes Python's containers take).
+LARGEST = 10**18
 
 
 class OptionError(ValueError):
@@ -39,6 +42,18 @@ def window_text(window: Window) -> str:
     return f"{window[0]}:{window[1]}"
 
 
+def unreached_window(window: Window, ended_at: int) -> str:
+    """What a run whose steps ended (at step ``ended_at``: the step it was in, after the last
+    one it took) before its ``--window`` began recorded, as the recording and every reader
+    of the run say it; '' when the window was reached."""
+    if ended_at >= window[0]:
+        return ""
+    return (
+        f"--window {window_text(window)} was never reached: the run ended at step {ended_at}, "
+        "so no op was recorded (step-level records were)"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Switch:
     """How one option is given: its switch, what it takes (``kind``, as the tool's JSON types
@@ -55,6 +70,11 @@ class Switch:
     mode: bool = False  # changes how the program runs, or which ops and steps get which numbers
     op_level: bool = False  # needs op-level recording (refused with --steps-only)
     needs: str | None = None  # passed on only when this other option is given
+
+    @property
+    def maximum(self) -> int | None:
+        """The largest value an integer option takes (:data:`LARGEST`)."""
+        return LARGEST if self.kind == "integer" else None
 
     @property
     def metadata(self) -> dict[str, Switch]:
@@ -196,6 +216,8 @@ class RecordOptions:
             if switch.minimum is not None and value is not None and value < switch.minimum:
                 least = "0 or more" if switch.minimum == 0 else f"at least {switch.minimum}"
                 raise OptionError(f"{switch.flag} must be {least}")
+            if switch.maximum is not None and value is not None and value > switch.maximum:
+                raise OptionError(f"{switch.flag} must be at most {switch.maximum}")
         if self.steps is not None and self.steps <= self.first_step:
             raise OptionError(
                 f"--steps {self.steps} ends the run before step {self.first_step} "
@@ -204,8 +226,8 @@ class RecordOptions:
         if self.window is not None:
             start, stop = self.window
             text = window_text(self.window)
-            if start < 0 or stop <= start:
-                raise OptionError(f"--window {text}: needs 0 <= START < STOP")
+            if start < 0 or stop <= start or stop > LARGEST:
+                raise OptionError(f"--window {text}: needs 0 <= START < STOP <= {LARGEST}")
             if stop <= self.first_step:
                 raise OptionError(f"--window {text} ends before step {self.first_step} starts")
             if self.steps is not None and start >= self.steps:

@@ -8,6 +8,7 @@ bundle's size is checked on every scenario pair of the suite, reusing its record
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -700,6 +701,35 @@ async def test_panel_without_a_model_shows_the_reading(tiny: dict[str, Path]) ->
         answer = app.query_one("#agent-answer", Markdown).source
         assert "argument `alpha` differs" in answer and "--model" in answer
         assert app.query_one("#agent-question", Input).disabled
+
+
+def shown_text(app: App) -> str:
+    """The screen as text (what a person reads, after Markdown rendering)."""
+    svg = app.export_screenshot()
+    return html.unescape(re.sub(r"<[^>]+>", "", svg)).replace("\xa0", " ")
+
+
+async def test_panel_shows_the_reading_as_written(tiny: dict[str, Path]) -> None:
+    """The reading is text with `code`: a function named ``<module>`` or ``__init__`` in it is
+    shown as it is (Markdown took the one for an HTML tag and dropped it, the other for bold)."""
+    chat = chat_for(tiny, None)
+    opened = chat.opener
+
+    def opener() -> Any:
+        session = opened()
+        session.evidence.data["reading"] = [
+            "op only in run B feeds it: #9 at cnn.py:32 (<module>), #3 at cnn.py:11 (__init__)",
+            "argument `a<b>` differs",
+        ]
+        return session
+
+    chat.opener = opener
+    app = ChatApp(chat)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await settle(app, pilot)
+        shown = shown_text(app)
+    assert "cnn.py:32 (<module>), #3 at cnn.py:11 (__init__)" in shown, shown
+    assert "argument a<b> differs" in shown, shown
 
 
 async def test_panel_names_a_missing_key(tiny: dict[str, Path]) -> None:

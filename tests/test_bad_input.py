@@ -402,6 +402,8 @@ def _argument_cases(t: dict[str, Path], d: Path) -> dict[str, list[str]]:
         "record-missing-script": ["record", "-o", out, "--", str(d / "nope.py")],
         "record-bad-steps": ["record", "-o", out, "--steps", "x", "--", str(script)],
         "record-zero-steps": ["record", "-o", out, "--steps", "0", "--", str(script)],
+        "record-huge-keep-last": ["record", "-o", out, "--keep-last", huge, "--", str(script)],
+        "record-huge-window": ["record", "-o", out, "--window", f"1:{huge}", "--", str(script)],
         "record-output-a-file": ["record", "-o", str(d / "a-file"), "--", str(script)],
         "record-output-a-run": ["record", "-o", g, "--", str(script)],
         "record-missing-module": ["record", "-o", out, "-m", "no_such_module_anywhere"],
@@ -544,6 +546,10 @@ def test_refusals_say_what_is_wrong(
     )
     assert "newer" in said("info-newer-schema/0:show")
     assert "no valid schema version" in said("meta-no-schema/0:show")
+    empty = [case for case in results if case.startswith("data-empty/")]
+    assert len(empty) > 15  # every reading command
+    for case in empty:
+        assert "data.mdb is empty (0 bytes): never written, or truncated" in said(case), case
     assert "truncated" in said("data-truncated-by-half/0:show")
     assert "truncated" in said("data-truncated-by-1-page/4:diff")
     assert "has a damaged node" in said("data-value-past-its-page/4:diff")

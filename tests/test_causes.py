@@ -23,6 +23,7 @@ from traces import chain_run, kernel
 
 from opguard.agent.evidence import build_evidence
 from opguard.agent.metadata import differing_metadata
+from opguard.agent.tools import TraceTools
 from opguard.analysis import diff_runs
 from opguard.analysis.divergence.gpu_work import memory_writer
 from opguard.store import Run
@@ -384,6 +385,50 @@ def test_a_race_through_a_view_is_named(tmp_path: Path) -> None:
     report = " ".join(out.split())
     assert code == 1 and f"1. {sentence} evidence: run B: aten::mm.default #1 wrote" in report
     assert "stream race:" not in report
+
+
+CLOCK = 1796308553021419468  # CUPTI's clock: nanoseconds since an epoch, as recorded
+
+
+def test_the_evidence_reads_kernels_as_the_report_does(tmp_path: Path) -> None:
+    """The race pair on CUPTI's clock, the reading kernel with its grid and block and a
+    memset after it: the evidence the model reads, and the kernels tool it may call, give each
+    launch as the report words it (name, grid, block, bytes, stream), with its start and end
+    in µs from the step's first GPU work, never the store's keys and clock."""
+    for run, start, out in (("a", 9500, 40), ("b", 5000, 41)):
+        reduce = _kernel("reduce_kernel", 13, CLOCK + start, CLOCK + start + 800)
+        reduce.update(g=[262144, 1, 1], b=[128, 1, 1])
+        memset = kernel("memset", CLOCK + start + 900, stream=13, duration=100, kind="memset", z=4)
+        kernels = {
+            0: [_kernel("normal_kernel", 7, CLOCK + 1000, CLOCK + 1500)],
+            1: [_kernel("gemm", 7, CLOCK + 2000, CLOCK + 9000)],
+            3: [reduce, memset],
+        }
+        ops = [
+            ("aten::randn.default", None, 10),
+            ("aten::mm.default", 0, 20),
+            ("aten::_unsafe_view.default", 1, 20),
+            ("aten::sum.default", 2, out),
+        ]
+        write_run(tmp_path / run, ops, environment=ENVIRONMENT, device="cuda:0", kernels=kernels)
+    with Run(tmp_path / "a") as run_a, Run(tmp_path / "b") as run_b:
+        text = build_evidence(diff_runs(run_a, run_b), run_a, run_b).text
+        tools = TraceTools(run_a, run_b, 0)
+        answer = tools.call("kernels", {"run": "b", "index": 3})
+    said = "kernels, µs from the start of step 0's GPU work:"
+    a_kernels = [
+        f"  {said}",
+        "    reduce_kernel grid [262144, 1, 1] block [128, 1, 1] stream 13 8.5–9.3 µs",
+        "    memset 4 bytes stream 13 9.4–9.5 µs",
+    ]
+    assert "\n".join(a_kernels) in text, text
+    assert "stream 13 4.0–4.8 µs" in text and "stream 13 4.9–5.0 µs" in text, text
+    assert not re.search(r"\b(t0|t1|k|s|d|g|b|z)=", text), text
+    assert answer == (
+        f"{said}\n"
+        "  reduce_kernel grid [262144, 1, 1] block [128, 1, 1] stream 13 4.0–4.8 µs\n"
+        "  memset 4 bytes stream 13 4.9–5.0 µs"
+    )
 
 
 def test_memory_writer_follows_kernel_less_ops(tmp_path: Path) -> None:

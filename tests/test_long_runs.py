@@ -9,6 +9,7 @@ the script itself printed and saved.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -505,6 +506,56 @@ def test_options_that_cannot_be_recorded_are_refused_in_one_line(
     assert code == 2 and not out
     assert err.startswith("opguard: error: ") and said in err and len(err.splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+HUGE = "99999999999999999999999"  # past 64 bits
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--keep-last", HUGE], "--keep-last must be at most "),
+        (["--steps", HUGE], "--steps must be at most "),
+        (["--first-step", HUGE], "--first-step must be at most "),
+        (["--window", f"0:{HUGE}"], f"--window 0:{HUGE}: needs 0 <= START < STOP <= "),
+    ],
+)
+def test_numbers_past_what_a_trace_holds_are_refused_in_one_line(
+    tmp_path: Path, options: list[str], said: str
+) -> None:
+    """As the user types it (a process of its own: before the fix the recording started, died
+    of an OverflowError and left a run reading "running")."""
+    run = tmp_path / "run"
+    command = opguard_cmd("record", "-o", str(run), *options, "--", str(SCRIPT), "--steps", "1")
+    done = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("opguard: error: ") and said in done.stderr, done.stderr
+    assert len(done.stderr.splitlines()) == 1 and not run.exists()
+
+
+def test_a_window_the_run_never_reached_is_said(tmp_path: Path) -> None:
+    """``--window 50:60`` on a run of 4 steps records no op: the recording says so as it ends,
+    and ``show`` and ``diff`` say it of the run (not only "no op-level records"); the diff's
+    next step records the differing step in place of that window, not with it again."""
+    with ThreadPoolExecutor(2) as pool:
+        late, adam = pool.map(
+            lambda job: _record(tmp_path, *job),
+            [
+                ("late", ["--window", "50:60"], ["--steps", "4"]),
+                ("adam", [], ["--steps", "4", "--optimizer", "adam"]),
+            ],
+        )
+    assert late.returncode == 0 == adam.returncode, late.stderr + adam.stderr
+    said = "--window 50:60 was never reached: the run ended at step 4, so no op was recorded"
+    assert said in late.stderr, late.stderr
+    code, out, _ = cli_in_process("show", str(late.run))
+    assert code == 0 and said in out, out
+    code, out, _ = cli_in_process("show", str(late.run), "--json")
+    assert json.loads(out)["ranks"][0]["unreached_window"].startswith("--window 50:60 was never")
+    for pair in ((adam.run, late.run), (late.run, adam.run)):
+        code, out, _ = cli_in_process("diff", *map(str, pair))
+        assert code == 1 and said in out, out
+        assert "opguard record --window 0:1 --steps 1 -o" in out and "50:60 --" not in out, out
 
 
 def test_options_reach_every_process_that_records() -> None:

@@ -449,6 +449,37 @@ def test_bad_tolerant_values_are_refused(tmp_path: Path, value: str) -> None:
         parse_tolerance(value)
 
 
+@pytest.mark.parametrize("command", ["diff", "explain"])
+def test_tolerant_before_the_runs_takes_no_value_from_them(tmp_path: Path, command: str) -> None:
+    """``--tolerant`` takes an optional value (``--tolerant[=REL]``): written before the runs,
+    a run directory after it is a run, not a value (it read RUN_A as REL, then missed RUN_B)."""
+    a, b = chain_pair(tmp_path, mlp_steps())
+    for argv in ([command, "--tolerant", str(a), str(b)], [command, str(a), "--tolerant", str(b)]):
+        code, out, err = cli_in_process(*argv)
+        assert code == 0 and not err, (argv, err)
+        assert "WITHIN-ROUNDING" in out or "within rounding" in out, out
+
+
+def test_every_command_with_tolerant_reads_a_run_after_it_as_a_run() -> None:
+    from opguard.cli import build_parser, parse_command_line
+
+    parser = build_parser()
+    for command in ("diff", "tui", "explain"):
+        args, _ = parse_command_line(parser, [command, "--tolerant", "runs/a", "runs/b"])
+        assert (args.tolerant, args.run_a, args.run_b) == ("auto", "runs/a", "runs/b"), command
+        args, _ = parse_command_line(parser, [command, "runs/a", "runs/b", "--tolerant", "1e-3"])
+        assert args.tolerant == "1e-3", command
+
+
+def test_a_number_before_the_runs_is_read_as_the_tolerance_and_the_error_says_so(
+    tmp_path: Path,
+) -> None:
+    a, _ = chain_pair(tmp_path, mlp_steps())
+    code, _, err = cli_in_process("diff", "--tolerant", "1e-3", str(a))
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "RUN_B" in err and "--tolerant took '1e-3' as its value" in err, err
+
+
 # -- the tools and the agent's evidence ---------------------------------------------------
 
 

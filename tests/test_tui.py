@@ -26,6 +26,7 @@ from traces import TraceBuilder, tensor
 from opguard.analysis import diff_runs
 from opguard.analysis.align.steps import StepIndex
 from opguard.analysis.browse.rows import OpLine, Row, Side, Status
+from opguard.analysis.tolerant.rule import Tolerance
 from opguard.store import (
     CallSite,
     KernelEntry,
@@ -44,6 +45,7 @@ from opguard.tui.series import loss_series
 from opguard.tui.session import Session
 from opguard.tui.widgets.agent_panel import AgentPanel
 from opguard.tui.widgets.detail_pane import SETTLE_SECONDS, DetailPane
+from opguard.tui.widgets.pictures import Bars
 from opguard.tui.widgets.prompt import Prompt
 
 SIZE = (150, 44)
@@ -563,6 +565,111 @@ async def test_search_goto_filters_rank_and_panels(demo_runs: tuple[Path, Path])
         assert isinstance(app.screen, HelpScreen)
         await _press(pilot, "escape")
         assert not isinstance(app.screen, HelpScreen)
+
+
+ABSORBED = 7  # differences the view pair's readers absorb, before its first divergence
+
+
+def _view_pair(root: Path) -> tuple[Path, Path]:
+    """Two runs: ABSORBED adds whose differing outputs a mul reads and makes equal again
+    (absorbed), then an add that differs (the first divergence), ``t`` of it (a view: its
+    fingerprint derived from its base's, no value read) and an ``mm`` reading that view."""
+    paths = []
+    for name, shift in (("a", 0), ("b", 1)):
+        with TraceBuilder(root / name) as run:
+            run.op("aten::randn.default", [], [_tensor("0", 1, None, (0.5, -1.0, 2.0))])
+            for k in range(ABSORBED):
+                made = 100 + 2 * k + shift
+                at = run.op("aten::add.Tensor", [tensor("self", 1, 0)], [tensor("0", made)])
+                run.op("aten::mul.Tensor", [tensor("self", made, at)], [tensor("0", 500 + k)])
+            base = (1.5, 0.25, 3.0 + shift)
+            added = run.op(
+                "aten::add.Tensor",
+                [_tensor("self", 1, 0, (0.5, -1.0, 2.0))],
+                [_tensor("0", 10 + shift, None, base)],
+            )
+            view = tensor("0", 20 + shift, shape=(8, 4), f=schema.FLAG_VIEW)
+            viewed = run.op("aten::t.default", [_tensor("self", 10 + shift, added, base)], [view])
+            run.op(
+                "aten::mm.default",
+                [{**view, "n": "self", "p": [viewed, 0]}],
+                [_tensor("0", 30 + shift, None, (7.0, 8.0, 9.0 + shift))],
+            )
+        paths.append(root / name)
+    return paths[0], paths[1]
+
+
+def _row_named(rows: Any, name: str) -> Row:
+    return next(r for r in rows.rows(0) if r.a is not None and r.a.name == name)
+
+
+def test_a_view_of_differing_data_is_not_equal_and_shows_its_bases_values(
+    tmp_path: Path,
+) -> None:
+    """A view's data is its base's: in the list it reads "view ≠" where its base differs
+    (not "equal", nor a difference of its own the next-difference key stops at), and as an
+    input it shows its fingerprint and its base's values (not "fp view" and nothing)."""
+    session = Session.open(*_view_pair(tmp_path))
+    rows = session.rows(0)
+    viewing = _row_named(rows, "aten::t.default")
+    assert viewing.status is Status.VIEW and not viewing.status.differs
+    reading = _row_named(rows, "aten::mm.default")
+    traces = (session.trace(Side.A, 0), session.trace(Side.B, 0))
+    text = _text(render(Selection.load(reading, traces)))
+    session.close()
+    assert "fp view" not in text, text
+    assert "fp 0000000000000014 (view of A #" in text and "aten::add.Tensor output 0" in text, text
+    assert "1.5 0.25 3 " in text and "1.5 0.25 4 " in text, text  # each run's base
+
+
+async def test_absorbed_differences_are_one_toast(tmp_path: Path) -> None:
+    """Each absorbed difference is a note of the diff; the debugger marks them in the list
+    and says it once, instead of a pile of toasts over the detail pane."""
+    app = OpguardApp(Session.open(*_view_pair(tmp_path)))
+    notes: list[str] = []
+    app.notify = lambda message, **kw: notes.append(message)  # type: ignore[method-assign]
+    async with app.run_test(size=SIZE) as pilot:
+        await _settle_until(pilot, lambda: bool(app.main._diffs))
+    absorbed = [note for note in notes if "absorbed" in note]
+    assert len(absorbed) == 1 and f"{ABSORBED} difference(s)" in absorbed[0], notes
+
+
+@pytest.fixture(scope="module")
+def rounding_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A pair that differs by rounding alone (fp32 against bf16 autocast, tests/tolerant_runs.py):
+    every op's outputs differ, their step-level records too."""
+    from tolerant_runs import record_runs
+
+    runs = record_runs(tmp_path_factory.mktemp("rounding"), ["fp32", "bf16"])
+    return runs["fp32"], runs["bf16"]
+
+
+async def test_tolerant_within_rounding_says_so_and_opens_on_the_first_difference(
+    rounding_runs: tuple[Path, Path],
+) -> None:
+    """``opguard tui A B --tolerant`` on runs within rounding: the header says so, as ``diff
+    --tolerant`` and the drift line do (the step-level records differ by rounding too: not a
+    divergence); the list opens on the first op whose outputs differ and ``d`` comes back to
+    it; the drift line and both loss lines are all on screen."""
+    app = OpguardApp(Session.open(*rounding_runs, Tolerance()))
+    notes: list[str] = []
+    app.notify = lambda message, **kw: notes.append(message)  # type: ignore[method-assign]
+    async with app.run_test(size=SIZE) as pilot:
+        await _settle_until(pilot, lambda: bool(app.main._diffs))
+        header = str(app.query_one("#run-header").render())
+        assert "WITHIN-ROUNDING" in header and "DIVERGED" not in header, header
+        assert "explained by rounding" in header, header
+        first = app.cursor.position
+        assert app.cursor.row.status is Status.DIFFERING, app.cursor.row
+        await _press(pilot, "right_square_bracket")
+        assert app.cursor.position != first
+        await _press(pilot, "d")
+        assert app.cursor.position == first
+        assert "within rounding" in notes[-1], notes
+        await _settle_until(pilot, lambda: bool(app.query_one("#loss-b", Bars).values))
+        for bars in app.query(Bars):
+            region = bars.region
+            assert bars.display and app.screen.get_widget_at(region.x, region.y)[0] is bars, bars
 
 
 # -- snapshots ---------------------------------------------------------------------------------

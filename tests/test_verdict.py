@@ -12,7 +12,7 @@ import msgpack
 
 from opguard.agent.reading import CAUSES
 from opguard.analysis.state_diff import CAUSE_OF_KIND
-from opguard.analysis.words.text import kernel_cells, kernel_fields, kernel_line, short_kernel_name
+from opguard.analysis.words.text import kernel_cells, kernel_line, short_kernel_name
 from opguard.analysis.words.verdict import WORDS, Cause, Kind, Side, label
 from opguard.store import KernelEntry, Run, TraceWriter, schema
 from opguard.store.meta import write_meta
@@ -116,5 +116,7 @@ def test_kernel_text_reads_every_field_it_was_given() -> None:
         "3.5",
     )
     assert kernel_cells(memset) == ("memset", "memset", "0", "", "0.0")
-    assert kernel_fields(memset) == "memset k='memset' z=0"
+    assert kernel_line(gemm, origin_ns=500, name_chars=10) == (
+        "void gemm… grid [4, 1, 1] block [256, 1, 1] stream 7 0.5–4.0 µs"
+    )
     assert short_kernel_name(gemm.name) == "gemm"

@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import textwrap
 
+from ..analysis.align.steps import StepIndex
 from ..analysis.browse.lookup import kept_rows
 from ..analysis.words.text import (
+    KERNEL_NAME_CHARS,
     KERNELS_DESCRIBED,
     ORIGINS_SHOWN,
-    kernel_fields,
+    kernel_line,
     leading_bits,
     leading_values,
     number,
     op_line,
     value_text,
 )
-from ..store import CallSite, KernelEntry, OpRecord, TensorRecord
+from ..store import CallSite, KernelEntry, OpRecord, RankTrace, TensorRecord
 
 SOURCE_CONTEXT = 2  # lines on each side of a call line
 
@@ -79,23 +81,31 @@ def tensor_text(t: TensorRecord | None) -> str:
     return " ".join(parts)
 
 
-def kernel_lines(op: OpRecord) -> list[str]:
-    """The GPU kernels the op launched: name, then the other recorded fields (grid, stream,
-    duration, ...) in key order; then, apart, the GPU work code OpGuard did not record
-    launched after the op (before the next one)."""
-    lines = _entry_lines(op.kernels, "kernels")
-    unrecorded = _entry_lines(op.unclaimed_kernels, "launches")
-    return lines + [f"after this op, unrecorded: {line}" for line in unrecorded]
+def kernel_lines(op: OpRecord, trace: RankTrace) -> list[str]:
+    """The GPU work the op launched, as the report words it (name, grid, block, bytes,
+    stream), each with when it ran from the start of the step's GPU work (so that the kernels
+    of the step's ops compare, across streams); then, apart, the GPU work code OpGuard did not
+    record launched after the op (before the next one). Under a line that says from when;
+    none when the op launched nothing."""
+    if not (op.kernels or op.unclaimed_kernels):
+        return []
+    span = StepIndex(trace).get(op.step)
+    origin = trace.first_gpu_start(span.start, op.index + 1) if span is not None else None
+    lines = _entry_lines(op.kernels, "kernels", origin)
+    unrecorded = _entry_lines(op.unclaimed_kernels, "launches", origin)
+    lines += [f"after this op, unrecorded: {line}" for line in unrecorded]
+    since = f"µs from the start of step {op.step}'s GPU work" if origin is not None else "µs"
+    return [f"kernels, {since}:", *(f"  {line}" for line in lines)]
 
 
-def _entry_lines(kernels: tuple[KernelEntry, ...], noun: str) -> list[str]:
-    lines = [kernel_fields(kernel) for kernel in kernels[:KERNELS_DESCRIBED]]
+def _entry_lines(kernels: tuple[KernelEntry, ...], noun: str, origin: int | None) -> list[str]:
+    lines = [kernel_line(k, origin, KERNEL_NAME_CHARS) for k in kernels[:KERNELS_DESCRIBED]]
     if len(kernels) > KERNELS_DESCRIBED:
         lines.append(f"… {len(kernels) - KERNELS_DESCRIBED} more {noun}")
     return lines
 
 
-def op_detail(op: OpRecord) -> list[str]:
+def op_detail(op: OpRecord, trace: RankTrace) -> list[str]:
     """Everything a follow-up question may need about one op, compactly."""
     lines = [op_line(op)]
     lines += source_lines(source_rows(op.call_site), op.call_site.line)
@@ -107,5 +117,5 @@ def op_detail(op: OpRecord) -> list[str]:
         producer = f" from #{t.producer[0]} out {t.producer[1]}" if t.producer else " (leaf)"
         lines.append(f"  in {t.slot}{producer}: {tensor_text(t)}")
     lines += [f"  out {t.slot}: {tensor_text(t)}" for t in op.outputs]
-    lines += [f"  kernel {k}" for k in kernel_lines(op)]
+    lines += [f"  {line}" for line in kernel_lines(op, trace)]
     return lines

@@ -234,7 +234,7 @@ def _pair(
             lines += source_lines(rows, op.call_site.line)
             lines += _reached_from(op, trace) if context else []
         lines += origin_lines(op)
-        lines += [f"  kernel {k}" for k in kernel_lines(op)]
+        lines += [f"  {line}" for line in kernel_lines(op, trace)]
     return lines
 
 

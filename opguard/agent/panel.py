@@ -12,6 +12,7 @@ follow the op under the cursor.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from typing import ClassVar, Protocol
 
@@ -30,6 +31,20 @@ from .conversation import CallPlanned, CallSettled, Event, TextPiece, ToolAnswer
 from .llm import Completion, ProviderError
 from .session import HOW_TO_ENABLE, Session, open_session
 from .tools import OpFocus
+
+# What Markdown reads as markup in plain text: emphasis (``__init__``), HTML (``<module>``),
+# links, entities, strikethrough; each is shown as itself when escaped with a backslash.
+_MARKUP = re.compile(r"([\\*_<>\[\]&~])")
+
+
+def as_markdown(text: str) -> str:
+    """Plain text with `code` in backticks (the reading, a question) as Markdown that shows
+    it as written: a call site's ``<module>`` or ``__init__`` is not markup. Code spans are
+    kept (Markdown shows them literally)."""
+    parts = text.split("`")
+    for at in range(0, len(parts), 2):  # outside the code spans
+        parts[at] = _MARKUP.sub(r"\\\1", parts[at])
+    return "`".join(parts)
 
 
 class Selected(Protocol):
@@ -138,7 +153,7 @@ class AgentChat(Vertical):
         evidence, agent = session.evidence, session.agent
         status = self.query_one("#agent-status", Static)
         if agent is None:
-            reading = "\n".join(f"- {line}" for line in session.reading)
+            reading = "\n".join(f"- {as_markdown(line)}" for line in session.reading)
             why = (
                 "The runs are identical: nothing to explain."
                 if not session.result.diverged
@@ -176,7 +191,7 @@ class AgentChat(Vertical):
         self.query_one("#agent-scroll", VerticalScroll).anchor()
         stream = Markdown.get_stream(self.query_one("#agent-answer", Markdown))
         events = agent.ask(question, focus=focus)
-        heading = f"\n\n**{question}**\n\n"  # written with the first piece of the answer
+        heading = f"\n\n**{as_markdown(question)}**\n\n"  # written with the answer's first piece
         try:
             while (event := await asyncio.to_thread(next, events, None)) is not None:
                 if isinstance(event, TextPiece):

@@ -64,8 +64,9 @@ FOLLOW_UPS: tuple[Tool, ...] = (
     ),
     Tool(
         "kernels",
-        "GPU kernels an op launched: name, grid, stream, duration; then GPU work launched "
-        "after it by code OpGuard did not record.",
+        "GPU kernels an op launched: name, grid, block, stream, start and end in µs from the "
+        "start of its step's GPU work; then GPU work launched after it by code OpGuard did "
+        "not record.",
         (RUN, INDEX),
         f"{HERE}:kernels_text",
     ),
@@ -113,8 +114,8 @@ class TraceTools:
     def describe(self, focus: OpFocus) -> str:
         """Everything about one op (the TUI's selected op, attached to a question)."""
         rank = self.rank if focus.rank is None else focus.rank
-        op = self.op(focus.run, focus.index, rank)[1]
-        return "\n".join([f"run {focus.run.upper()}, rank {rank}:", *op_detail(op)])
+        trace, op = self.op(focus.run, focus.index, rank)
+        return "\n".join([f"run {focus.run.upper()}, rank {rank}:", *op_detail(op, trace)])
 
     def op(self, run: str, index: int, rank: int | None = None) -> tuple[RankTrace, OpRecord]:
         """Op ``index`` of run ``run`` (``"a"`` or ``"b"``) and its rank's trace."""
@@ -143,7 +144,8 @@ def producer_text(arguments: dict[str, Any], tools: TraceTools) -> list[str]:
             f"input {slot} of #{op.index} is a leaf: no recorded op produced it (data, a parameter, or made before recording)"
         ]
     index, output = tensor.producer
-    return [f"input {slot} of #{op.index} is output {output} of:", *op_detail(trace.op(index))]
+    producer = trace.op(index)
+    return [f"input {slot} of #{op.index} is output {output} of:", *op_detail(producer, trace)]
 
 
 def source_text(arguments: dict[str, Any], tools: TraceTools) -> list[str]:
@@ -159,7 +161,7 @@ def source_text(arguments: dict[str, Any], tools: TraceTools) -> list[str]:
 
 
 def kernels_text(arguments: dict[str, Any], tools: TraceTools) -> list[str]:
-    _, op = tools.op(arguments["run"], arguments["index"])
-    return kernel_lines(op) or [
+    trace, op = tools.op(arguments["run"], arguments["index"])
+    return kernel_lines(op, trace) or [
         f"no kernels recorded for #{op.index} (a CPU op, or a run without kernel tracing)"
     ]

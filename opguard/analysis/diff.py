@@ -255,6 +255,8 @@ def _trace_notes(trace_a: RankTrace, trace_b: RankTrace) -> list[str]:
             )
         if trace.damage:
             notes.append(f"run {name}: {trace.damage}")
+        if trace.unreached_window:
+            notes.append(f"run {name}: {trace.unreached_window}")
     return notes
 
 

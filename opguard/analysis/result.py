@@ -26,6 +26,17 @@ from .tolerant.rule import Tolerance
 EXIT_STATUS = {"identical": 0, "within-rounding": 0, "diverged": 1, "incomplete": 3}
 
 
+def verdict_of(diverged: bool, tolerant: bool, differs: bool, incomplete: bool) -> str:
+    """``identical``, ``diverged``, with --tolerant ``within-rounding`` (the runs differ, by no
+    more than rounding explains), or ``incomplete``: no divergence in what was read, but part
+    of a run could not be read (:data:`EXIT_STATUS`)."""
+    if diverged:
+        return "diverged"
+    if incomplete:
+        return "incomplete"
+    return "within-rounding" if tolerant and differs else "identical"
+
+
 @dataclass
 class StepSummary:
     step: int
@@ -93,7 +104,24 @@ class RankDiff:
 
     @property
     def diverged(self) -> bool:
-        return self.first is not None or self.state_first is not None
+        """Whether the rank differs: an op-level divergence, or a step whose state differs
+        (with --tolerant only where no op was compared: where ops were, they judge, and the
+        state differs by the rounding they were judged to differ by)."""
+        if self.first is not None:
+            return True
+        return self.state_first is not None and self.tolerance is None
+
+    @property
+    def differs(self) -> bool:
+        """Whether any compared value differs at all (an aligned op's outputs, a state)."""
+        return self.state_first is not None or bool(self.differing or self.absorbed_count)
+
+    @property
+    def verdict(self) -> str:
+        """The rank's verdict, as :attr:`RunDiff.verdict` says the run's."""
+        return verdict_of(
+            self.diverged, self.tolerance is not None, self.differs, bool(self.unread)
+        )
 
     @property
     def steps_a(self) -> int:
@@ -175,27 +203,14 @@ class RunDiff:
 
     @property
     def diverged(self) -> bool:
-        """Whether the runs differ: an op-level divergence, or a step whose state differs
-        (with --tolerant: in a rank compared by its step-level records alone; where ops were
-        compared, they judge)."""
-        if self.first is not None:
-            return True
-        if self.tolerance is None:
-            return self.state_first is not None
-        return any(r.state_first is not None and not r.ops_compared for r in self.ranks)
+        """Whether the runs differ: a rank that diverged (:attr:`RankDiff.diverged`)."""
+        return any(r.diverged for r in self.ranks)
 
     @property
     def verdict(self) -> str:
-        """``identical``, ``diverged``, with --tolerant ``within-rounding`` (the runs differ,
-        by no more than rounding explains), or ``incomplete``: no divergence in what was read,
-        but part of a run could not be read (:data:`EXIT_STATUS`)."""
-        if self.diverged:
-            return "diverged"
-        if self.incomplete:
-            return "incomplete"
-        if self.tolerance is not None and self.differs:
-            return "within-rounding"
-        return "identical"
+        """``identical``, ``diverged``, with --tolerant ``within-rounding``, or ``incomplete``
+        (:func:`verdict_of`)."""
+        return verdict_of(self.diverged, self.tolerance is not None, self.differs, self.incomplete)
 
     @property
     def exit_status(self) -> int:
@@ -230,9 +245,7 @@ class RunDiff:
     @property
     def differs(self) -> bool:
         """Whether any compared value differs at all (an aligned op's outputs, a state)."""
-        return self.state_first is not None or any(
-            r.differing or r.absorbed_count for r in self.ranks
-        )
+        return any(r.differs for r in self.ranks)
 
     def drift(self) -> list[tuple[int, float | None]]:
         """--tolerant: the largest relative distance of each step's aligned ops over the

@@ -12,6 +12,7 @@ from ..children import ERROR_PREFIX
 from ..store.errors import TraceError
 from ..tool_registry import ToolError
 from . import commands
+from .commands.base import AUTO, TOLERANT, is_tolerant_value, word_after_tolerant
 
 
 class UsageError(Exception):
@@ -45,6 +46,33 @@ def build_parser() -> argparse.ArgumentParser:
     for command in commands.ALL:
         command.register(sub)
     return parser
+
+
+def parse_command_line(
+    parser: argparse.ArgumentParser, argv: list[str]
+) -> tuple[argparse.Namespace, list[str]]:
+    """``parser.parse_known_args(argv)``, reading ``--tolerant`` as the user meant it: its
+    value is optional, so argparse takes the word after it as the value even where that is a
+    run (``opguard diff --tolerant RUN_A RUN_B`` then misses RUN_B). When the line cannot be
+    read so and that word is no value, ``--tolerant`` takes none; when it could be a value,
+    the error says it was taken as one."""
+    try:
+        return parser.parse_known_args(argv)
+    except UsageError as exc:
+        found = word_after_tolerant(argv)
+        if found is None:
+            raise
+        at, word = found
+        if is_tolerant_value(word):
+            raise UsageError(
+                f"{exc}; --tolerant took {word!r} as its value (--tolerant[=REL]: write a "
+                f"value as --tolerant={word}, or --tolerant after the runs)"
+            ) from None
+        alone = [*argv[:at], f"{TOLERANT}={AUTO}", *argv[at + 1 :]]
+        try:
+            return parser.parse_known_args(alone)
+        except UsageError:
+            raise exc from None
 
 
 def _missing_extension() -> str | None:
@@ -88,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         # Unknown options are reported by the top-level parser, which would point to `opguard
         # --help`: the command's own help is where its options are.
-        args, unknown = parser.parse_known_args(argv)
+        args, unknown = parse_command_line(parser, argv)
         command = args.command
         if unknown:
             where = f"opguard {args.command}" if args.command else "opguard"

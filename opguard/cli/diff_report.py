@@ -269,13 +269,13 @@ def _values(t: TensorRecord) -> str:
 
 
 def _target(meta: dict[str, Any], path: str) -> str:
-    """What ``opguard record`` ran for a run (``-- train.py ARGS``), or a placeholder for a
-    run recorded from code."""
+    """What ``opguard record`` ran for a run (``-- train.py ARGS``) to record it again in
+    another window, or a placeholder for a run recorded from code."""
     from .commands.base import CommandError
     from .commands.capture import target_of
 
     try:
-        return shlex.join(target_of(meta, path))
+        return shlex.join(target_of(meta, path, new_window=True))
     except CommandError:
         return "-- SCRIPT ARGS"
 

@@ -53,6 +53,8 @@ def print_run_summary(path: str, meta: dict[str, Any], ranks: Sequence[dict[str,
             console.print(f"  rank {r['rank']}: {r['ops']} ops in {steps} ({phases}); {state}")
         else:
             console.print(f"  rank {r['rank']}: no op-level records; {state}")
+        if "unreached_window" in r:
+            console.print(f"    [yellow]{escape(r['unreached_window'])}[/]")
         limits = op_level_limits(meta)
         if r["ops"] and limits:
             first, last = r.get("first_op", {"index": 0, "step": 0}), r["last_op"]

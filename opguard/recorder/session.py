@@ -23,7 +23,7 @@ from torch.optim.optimizer import (
 
 from .. import _C, __version__
 from ..capture_spec import DEFAULT_LIMIT, CaptureSpec, format_size
-from ..record_options import RecordOptions
+from ..record_options import RecordOptions, unreached_window
 from ..store import TraceError, TraceWriter, schema
 from ..store.environment import KEY as ENVIRONMENT
 from ..store.meta import read_meta, recorded_environment, write_meta
@@ -240,6 +240,10 @@ class RecordingSession:
             self._on_failure(ops, TraceWriteFailed(self.writer.failure_message()))
         if self._owns_meta:
             self._finish_meta(end)
+        if self.rank == 0 and self.window is not None:
+            missed = unreached_window(self.window, self.state.step)
+            if missed:
+                print(f"opguard: {missed}", file=sys.stderr)
         if status == TERMINATED:
             die_of_sigterm()
 

@@ -21,6 +21,7 @@ from typing import Any
 import lmdb
 import msgpack
 
+from ..record_options import unreached_window
 from . import schema
 from .captures import CapturedTensor, parse_key
 from .environment import Environment, environment_of
@@ -94,8 +95,14 @@ class _Environments:
         key = os.path.realpath(path)
         env, count = self._open.get(key, (None, 0))
         if env is None:
-            if not (path / "data.mdb").is_file():
+            data = path / "data.mdb"
+            if not data.is_file():
                 raise lmdb.Error("no data.mdb")
+            if data.stat().st_size == 0:  # LMDB would say "Bad file descriptor"
+                raise TraceError(
+                    f"{path}: not a readable OpGuard trace: data.mdb is empty (0 bytes): never "
+                    "written, or truncated"
+                )
             env = lmdb.open(
                 str(path),
                 readonly=True,
@@ -200,6 +207,22 @@ class RankTrace:
             or self.failure is not None
             or "write_failure" in self.info
         )
+
+    @property
+    def unreached_window(self) -> str:
+        """Why a run recorded with ``--window`` holds no op: its steps ended before the window
+        began (:func:`~opguard.record_options.unreached_window`); '' otherwise."""
+        window = self.meta.get("window")
+        if len(self) or not (
+            isinstance(window, list) and len(window) == 2 and all(type(n) is int for n in window)
+        ):
+            return ""
+        end = self.info.get("end")
+        ended_at = end.get("steps") if isinstance(end, dict) else None
+        if type(ended_at) is not int:  # killed: in the step after its last step-level record
+            span = self.step_span()
+            ended_at = span[1] + 1 if span is not None else None
+        return unreached_window((window[0], window[1]), ended_at) if ended_at is not None else ""
 
     def last_op(self) -> tuple[int, int] | None:
         """(index, step) of the last op on disk; None for an empty trace."""
@@ -419,6 +442,27 @@ class RankTrace:
         except lmdb.Error:
             return ()
         return tuple(_kernel_entries(raw)) if raw is not None else ()
+
+    def first_gpu_start(self, start: int, stop: int) -> int | None:
+        """When the GPU work of ops ``start`` to ``stop - 1`` began (ns, CUPTI's clock): the
+        earliest start among the entries of the first of them that launched any (one cursor
+        step: the ``kernels`` database holds entries only for ops with GPU work); None when
+        none did, or no time was recorded."""
+        db = self._dbs.get("kernels")
+        if db is None or stop <= start:
+            return None
+        try:
+            with self._env.begin() as txn:
+                cursor = txn.cursor(db=db)
+                if not cursor.set_range(schema.op_key(_clamped(start))):
+                    return None
+                if _op_index(cursor.key()) >= stop:
+                    return None
+                entries = _kernel_entries(cursor.value())
+        except (lmdb.Error, DamagedRecord):
+            return None  # kernels are evidence, not the trace
+        starts = [k.start_ns for k in entries if k.start_ns is not None]
+        return min(starts) if starts else None
 
     def unclaimed_between(
         self, start: int, stop: int, limit: int

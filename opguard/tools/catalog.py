@@ -45,6 +45,7 @@ RECORD_OPTIONS = tuple(
         switch.flag,
         default=False if switch.kind == "boolean" else None,
         minimum=switch.minimum,
+        maximum=switch.maximum,
     )
     for f, switch in declared()
 )

@@ -69,6 +69,8 @@ def rank_summary(trace: RankTrace) -> dict[str, Any]:
         summary["write_failure"] = write_failure
     if trace.damage:
         summary["damage"] = trace.damage
+    if trace.unreached_window:
+        summary["unreached_window"] = trace.unreached_window
     return summary
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from ..analysis.browse.rows import Row, Side
+from ..analysis.browse.rows import Row, Side, Status
 
 VISIBLE_CACHE = 32
 LOCAL_STEPS = 2  # stepping over or out looks no further than the next step
@@ -232,6 +232,17 @@ class DebugCursor:
             return not self.source.may_differ(step)
 
         return self._scan(lambda row: row.status.differs, forward=forward, skip=equal_throughout)
+
+    def find_first_differing(self) -> Position | None:
+        """The first row of the list whose aligned ops' outputs differ (filters aside): where
+        runs that differ by rounding alone start to differ."""
+        for step in self.source.steps:
+            if self.source.may_differ(step):
+                rows = self.source.rows(step)
+                found = next((i for i, r in enumerate(rows) if r.status is Status.DIFFERING), None)
+                if found is not None:
+                    return Position(step, found)
+        return None
 
     def find_over(self) -> Position | None:
         """The next op no deeper in the call stack: the ops of calls made here are passed."""

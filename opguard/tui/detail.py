@@ -33,6 +33,7 @@ from ..store import CallSite, OpRecord, RankTrace, TensorRecord, TraceError
 
 HEAT_DIMS = 2  # strips shown per captured tensor
 DIFFERS = "bold red"
+VIEW_CHAIN = 16  # views of views followed back to the data they view, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,17 @@ class Producer:
 
 
 @dataclass(frozen=True, slots=True)
+class Base:
+    """The data a view views (a view is never read again: its values are these)."""
+
+    tensor: TensorRecord
+    where: str  # "A #12 aten::add.Tensor output 0": the op that wrote it, if one did
+
+
+Bases = dict[tuple[str, str], Base]  # ("inputs" or "outputs", slot) of a view -> its base
+
+
+@dataclass(frozen=True, slots=True)
 class Selection:
     """The selected row, decoded."""
 
@@ -58,6 +70,7 @@ class Selection:
     stacks: tuple[list[CallSite], list[CallSite]]
     producers: tuple[Producer, ...]
     captured: tuple[ElementwiseDiff, ...] = ()  # outputs captured in both runs, compared
+    bases: tuple[Bases, Bases] = ({}, {})  # each run's views' bases
 
     @classmethod
     def load(cls, row: Row, traces: tuple[RankTrace, RankTrace], mark: str = "") -> Selection:
@@ -67,7 +80,9 @@ class Selection:
             traces[0].stack(a.stack_id) if a is not None else [],
             traces[1].stack(b.stack_id) if b is not None else [],
         )
-        return cls(row, mark, a, b, stacks, _producers(a, b, traces), _captured(a, b, traces))
+        bases = (_bases(a, traces[0], Side.A), _bases(b, traces[1], Side.B))
+        producers, captured = _producers(a, b, traces), _captured(a, b, traces)
+        return cls(row, mark, a, b, stacks, producers, captured, bases)
 
     def follow(self, number: int | None = None) -> Producer | None:
         """Producer ``number``; by default the first one whose input differs (the way back
@@ -101,6 +116,49 @@ def _producers(
     return tuple(found)
 
 
+def _bases(op: OpRecord | None, trace: RankTrace, side: Side) -> Bases:
+    """The bases of the op's tensors that are views: an output's is the op's own input; an
+    input's, that of the view op that made it."""
+    if op is None:
+        return {}
+    found: Bases = {}
+    for title, tensors in (("inputs", op.inputs), ("outputs", op.outputs)):
+        for t in tensors:
+            if not t.is_view:
+                continue
+            try:
+                maker = op if title == "outputs" else _maker(t, trace)
+                base = _base(maker, trace, side) if maker is not None else None
+            except TraceError:  # a damaged record on the way: the view is shown without
+                base = None
+            if base is not None:
+                found[title, t.slot] = base
+    return found
+
+
+def _maker(t: TensorRecord, trace: RankTrace) -> OpRecord | None:
+    return trace.op(t.producer[0]) if t.producer is not None else None
+
+
+def _base(maker: OpRecord, trace: RankTrace, side: Side) -> Base | None:
+    """The data the view ``maker`` made views: its first input (a view op's base), followed
+    back through the view ops that made it to a tensor whose values were read."""
+    op: OpRecord | None = maker
+    for _ in range(VIEW_CHAIN):
+        source = op.inputs[0] if op is not None and op.inputs else None
+        if source is None or not source.is_view:
+            break
+        op = _maker(source, trace)
+    else:
+        return None
+    if source is None or not (source.head or source.stats):
+        return None
+    if source.producer is None:
+        return Base(source, "a tensor no recorded op wrote")
+    index, slot = source.producer
+    return Base(source, f"{side.name} #{index} {trace.op(index).op} output {slot}")
+
+
 def _captured(
     a: OpRecord | None, b: OpRecord | None, traces: tuple[RankTrace, RankTrace]
 ) -> tuple[ElementwiseDiff, ...]:
@@ -127,27 +185,51 @@ def display_path(path: str) -> str:
     return path
 
 
-def _tensor_text(t: TensorRecord | None, other: TensorRecord | None) -> Text:
-    """A tensor's shape, fingerprint, leading values (as numbers and raw bits) and stats;
-    leading values that differ from ``other``'s are marked."""
+@dataclass(frozen=True, slots=True)
+class _Shown:
+    """A tensor as the pane shows it, with the base whose values it shows when it is a view."""
+
+    tensor: TensorRecord | None
+    base: Base | None = None
+
+    @property
+    def values(self) -> TensorRecord | None:
+        """The record holding its values: a view's base."""
+        return self.base.tensor if self.base is not None else self.tensor
+
+
+def _tensor_text(shown: _Shown, other: _Shown | None) -> Text:
+    """A tensor's shape, fingerprint, leading values (as numbers and raw bits) and stats (a
+    view's: its base's, named); leading values that differ from ``other``'s are marked."""
+    t = shown.tensor
     if t is None:
         return Text("(absent)", style="dim")
-    text = Text(f"{t.describe_shape()}  fp {t.fingerprint_text()}")
-    if t.head:
-        values, bits = leading_values(t), leading_bits(t)
-        theirs = leading_bits(other) if other is not None and other.head else None
+    derived = t.is_view and t.hash is not None  # a view's fingerprint: its base's and geometry
+    text = Text(f"{t.describe_shape()}  fp {f'{t.hash:016x}' if derived else t.fingerprint_text()}")
+    if shown.base is not None:
+        text.append(f" (view of {shown.base.where})", style="dim")
+    held, theirs_held = shown.values, other.values if other is not None else None
+    if held is not None and held.head:
+        values, bits = leading_values(held), leading_bits(held)
+        theirs = leading_bits(theirs_held) if theirs_held is not None and theirs_held.head else None
         text.append("\n")
         for at, (value, bit) in enumerate(zip(values, bits, strict=False)):
             differs = theirs is not None and (at >= len(theirs) or theirs[at] != bit)
             text.append(f"{value} ", style=DIFFERS if differs else "")
         text.append("\n" + " ".join(bits), style="dim")
-    stats = stats_text(t)
+    stats = stats_text(held) if held is not None else None
     if stats is not None:
         text.append("\n" + stats, style="dim")
     return text
 
 
-def _tensors(title: str, a: Sequence[TensorRecord], b: Sequence[TensorRecord], runs: str) -> Table:
+def _tensors(
+    title: str,
+    a: Sequence[TensorRecord],
+    b: Sequence[TensorRecord],
+    runs: str,
+    bases: tuple[Bases, Bases],
+) -> Table:
     """Tensors by slot; a slot equal in both runs is shown once (``A=B``), a differing one
     from each run. ``runs`` says which runs have the op: "AB", "A" or "B"."""
     differing = {d.slot for d in differing_tensors(tuple(a), tuple(b))} if runs == "AB" else set()
@@ -158,14 +240,15 @@ def _tensors(title: str, a: Sequence[TensorRecord], b: Sequence[TensorRecord], r
     table.add_column(no_wrap=True)
     table.add_column()
     for slot in [*by_a, *(s for s in by_b if s not in by_a)]:
-        ta, tb = by_a.get(slot), by_b.get(slot)
+        sa = _Shown(by_a.get(slot), bases[0].get((title, slot)))
+        sb = _Shown(by_b.get(slot), bases[1].get((title, slot)))
         if runs != "AB":
-            table.add_row(slot, runs, _tensor_text(ta or tb, None))
+            table.add_row(slot, runs, _tensor_text(sa if runs == "A" else sb, None))
         elif slot not in differing:
-            table.add_row(slot, "A=B", _tensor_text(ta, None))
+            table.add_row(slot, "A=B", _tensor_text(sa, None))
         else:
-            table.add_row(Text(f"≠ {slot}", style=DIFFERS), "A", _tensor_text(ta, tb))
-            table.add_row("", "B", _tensor_text(tb, ta))
+            table.add_row(Text(f"≠ {slot}", style=DIFFERS), "A", _tensor_text(sa, sb))
+            table.add_row("", "B", _tensor_text(sb, sa))
     return table
 
 
@@ -343,7 +426,7 @@ def render(sel: Selection) -> RenderableType:
     for title in ("inputs", "outputs"):
         tensors = [getattr(op, title) if op is not None else () for op in (a, b)]
         if any(tensors):
-            parts.append(_tensors(title, tensors[0], tensors[1], runs))
+            parts.append(_tensors(title, tensors[0], tensors[1], runs, sel.bases))
     parts.append(_heat(sel.captured))
     parts.append(_producer_text(sel.producers))
     parts.extend(_sources(a, b))

@@ -14,6 +14,9 @@ from ..store import RankTrace, Run
 
 # Below this share of aligned ops the runs are probably not two versions of one program.
 SAME_PROGRAM_ALIGNED = 0.5
+# How the diff's notes of absorbed differences begin (each one's, and the count of the rest:
+# analysis.divergence.reach.Absorbed.text): the list marks those rows, one toast says it.
+ABSORBED_NOTE = "absorbed: "
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +120,15 @@ class Session:
 
 
 def diff_notices(diff: RankDiff) -> list[str]:
-    """The diff's own notes, and a warning when so little aligned that the runs look like
-    different programs (then every "difference" is noise)."""
-    notes = list(diff.notes)
+    """The diff's own notes, its absorbed differences in one (a note each would pile up over
+    the detail pane), and a warning when so little aligned that the runs look like different
+    programs (then every "difference" is noise)."""
+    notes = [note for note in diff.notes if not note.startswith(ABSORBED_NOTE)]
+    if diff.absorbed_count:
+        notes.append(
+            f"{diff.absorbed_count} difference(s) absorbed: every op that read them produced "
+            "the same outputs in both runs (rows marked absorbed)"
+        )
     total = diff.aligned + max(diff.only_a, diff.only_b)
     if total and diff.aligned / total < SAME_PROGRAM_ALIGNED:
         notes.append(

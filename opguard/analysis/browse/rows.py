@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from ...store import CallSite, RankTrace
+from ...store import CallSite, RankTrace, schema
 from ...store.light import LightOp, LightReader
 from ...store.records import UNKNOWN_SITE
 from ..align.keys import KeyTable, OpKeys
@@ -32,13 +32,17 @@ class Status(Enum):
     EQUAL = "equal"
     DIFFERING = "differing"
     ABSORBED = "absorbed"  # differing, but no reader saw the difference (analysis.divergence.reach)
+    # Outputs that are views of data that differs (their derived fingerprints differ): the diff
+    # compares a view's data where it is read, so it is no difference of its own.
+    VIEW = "view of differing data"
     ONLY_A = "only in A"
     ONLY_B = "only in B"
 
     @property
     def differs(self) -> bool:
-        """Whether the row is a difference a person steps to: an absorbed one is not."""
-        return self not in (Status.EQUAL, Status.ABSORBED)
+        """Whether the row is a difference a person steps to: an absorbed one or a view is
+        not."""
+        return self not in (Status.EQUAL, Status.ABSORBED, Status.VIEW)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,18 +82,31 @@ class _Lines:
         self._sites = trace.sites
         self._depths = {ident: len(stack) for ident, stack in trace.stacks.items()}
 
-    def read(self, start: int, stop: int) -> tuple[list[LightOp], list[OpLine]]:
+    def read(self, start: int, stop: int) -> tuple[list[LightOp], list[OpLine], list[Views]]:
+        """Each op's alignment view, list line and view fingerprints."""
         lights: list[LightOp] = []
         lines: list[OpLine] = []
+        views: list[Views] = []
         for raw in self.trace.raw_ops(start, stop):
             lights.append(self._light.light(raw))
             lines.append(self._line(raw))
-        return lights, lines
+            views.append(_views(raw))
+        return lights, lines, views
 
     def _line(self, raw: dict[str, Any]) -> OpLine:
         name = self._names.get(raw["o"], f"<op {raw['o']}>")
         site = self._sites.get(raw.get("c", -1), UNKNOWN_SITE)
         return OpLine(raw["i"], name, site, self._depths.get(raw.get("k", -1), 0))
+
+
+Views = tuple[Any, ...]  # the fingerprints of an op's view outputs, derived from their bases'
+
+
+def _views(raw: dict[str, Any]) -> Views:
+    """The derived fingerprints of an op's outputs that are views (as its light view read
+    them), which the light view leaves out (a view's data is compared where it is read): two
+    runs' views of differing data have different ones."""
+    return tuple(out.get("h") for out in raw.get("y", ()) if out.get("f", 0) & schema.FLAG_VIEW)
 
 
 class RankRows:
@@ -140,21 +157,22 @@ class RankRows:
         sides = []
         for lines, index in zip(self._lines, self.index, strict=True):
             span = index.get(step)
-            sides.append(lines.read(span.start, span.stop) if span else ([], []))
-        (light_a, line_a), (light_b, line_b) = sides
+            sides.append(lines.read(span.start, span.stop) if span else ([], [], []))
+        (light_a, line_a, views_a), (light_b, line_b, views_b) = sides
         summary = self.summaries.get(step)
         absorbed = set(summary.absorbed_pairs) if summary is not None else set()
 
-        def status(a: LightOp, b: LightOp) -> Status:
+        def status(i: int, j: int) -> Status:
+            a, b = light_a[i], light_b[j]
             if a.outputs == b.outputs:
-                return Status.EQUAL
+                return Status.EQUAL if views_a[i] == views_b[j] else Status.VIEW
             return Status.ABSORBED if (a.index, b.index) in absorbed else Status.DIFFERING
 
         rows = []
         runs = align_step(columns_of(light_a), columns_of(light_b), self._fetch)
         for i, j in merge(len(light_a), len(light_b), pairs_of(runs)):
             if i is not None and j is not None:
-                rows.append(Row(line_a[i], line_b[j], status(light_a[i], light_b[j])))
+                rows.append(Row(line_a[i], line_b[j], status(i, j)))
             elif i is not None:
                 rows.append(Row(line_a[i], None, Status.ONLY_A))
             elif j is not None:

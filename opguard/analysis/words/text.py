@@ -18,7 +18,7 @@ from ...store.records import STAT_NAMES
 VALUES_SHOWN = 4  # leading elements of a tensor shown beside its stats
 ORIGINS_SHOWN = 4  # source lines shown of a kernel Inductor generated
 TEXT_CHARS = 100  # longest argument or metadata value shown
-KERNEL_NAME_CHARS = 100  # a kernel's full name, clipped (its signature kept)
+KERNEL_NAME_CHARS = 100  # a kernel's full name as the agent reads it, clipped (signature kept)
 SHORT_KERNEL_NAME_CHARS = 60  # a kernel's name without signature or template, clipped
 # GPU work listed per op: the TUI's table has room for more than the report or the evidence.
 KERNELS_LISTED = 8  # TUI detail pane
@@ -93,11 +93,18 @@ def dims(values: tuple[int, ...] | None) -> str:
     return "" if values is None else "[" + ", ".join(map(str, values)) + "]"
 
 
-def kernel_line(k: KernelEntry) -> str:
-    """``name grid [..] block [..] 4096 bytes stream 7 3.5 µs``: one launch on one line."""
+def kernel_line(k: KernelEntry, origin_ns: int | None = None, name_chars: int = 0) -> str:
+    """``name grid [..] block [..] 4096 bytes stream 7 3.5 µs``: one launch on one line; from
+    ``origin_ns`` on (CUPTI's clock: the start of the step's GPU work), when it ran instead of
+    how long, ``stream 7 12.0–15.5 µs``; its name clipped to ``name_chars`` when given."""
+    name = clip(k.name, name_chars) if name_chars else k.name
     shape = f" grid {dims(k.grid)} block {dims(k.block)}" if k.grid is not None else ""
     size = f" {k.nbytes} bytes" if k.nbytes is not None else ""
-    return f"{k.name}{shape}{size} stream {k.stream} {k.duration_us:.1f} µs"
+    if origin_ns is not None and k.start_ns is not None and k.end_ns is not None:
+        when = f"{(k.start_ns - origin_ns) / 1e3:.1f}–{(k.end_ns - origin_ns) / 1e3:.1f}"
+    else:
+        when = f"{k.duration_us:.1f}"
+    return f"{name}{shape}{size} stream {k.stream} {when} µs"
 
 
 def kernel_cells(k: KernelEntry) -> tuple[str, str, str, str, str]:
@@ -106,15 +113,6 @@ def kernel_cells(k: KernelEntry) -> tuple[str, str, str, str, str]:
     shape = f"{dims(k.grid)} {dims(k.block)}" if k.grid is not None else size
     stream = "" if k.stream is None else str(k.stream)
     return k.kind, k.name, shape, stream, f"{k.duration_us:.1f}"
-
-
-def kernel_fields(k: KernelEntry) -> str:
-    """Its name (clipped), then every field the trace stored for it as ``key=value``, keys in
-    order: what a model reading the evidence can look up."""
-    rest = " ".join(
-        f"{key}={value_text(v)}" for key, v in sorted(k.to_json().items()) if key != "n"
-    )
-    return f"{clip(k.name, KERNEL_NAME_CHARS)} {rest}".rstrip()
 
 
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"

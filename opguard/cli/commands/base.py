@@ -23,17 +23,44 @@ def call_tool(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     return BY_NAME[name].call(arguments)
 
 
+TOLERANT = "--tolerant"
+AUTO = "auto"  # --tolerant without a value: the rounding rule (analysis.tolerant.rule.Mode)
+
+
 def add_tolerant(parser: argparse.ArgumentParser) -> None:
-    """``--tolerant[=REL]`` (``opguard diff``, ``opguard explain``)."""
+    """``--tolerant[=REL]`` (``opguard diff``, ``opguard explain``, ``opguard tui``)."""
     parser.add_argument(
-        "--tolerant",
+        TOLERANT,
         nargs="?",
-        const="auto",
+        const=AUTO,
         metavar="REL",
         help="runs expected to differ by rounding (another torch, GPU, TF32, bf16): name the "
         "first difference rounding does not explain (auto), or larger than relative distance "
-        "REL (--tolerant=1e-3)",
+        "REL (--tolerant=1e-3); a run named after it is a run",
     )
+
+
+def is_tolerant_value(word: str) -> bool:
+    """Whether the word after ``--tolerant`` can be its value: ``auto`` or a number (a bad
+    one is then refused by name); anything else is the next argument, a run."""
+    if word == AUTO:
+        return True
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def word_after_tolerant(argv: list[str]) -> tuple[int, str] | None:
+    """The first ``--tolerant`` followed by a word that is no option, before ``--`` (what
+    follows is a script's own): its place and that word."""
+    for at, word in enumerate(argv[:-1]):
+        if word == "--":
+            return None
+        if word == TOLERANT and not argv[at + 1].startswith("-"):
+            return at, argv[at + 1]
+    return None
 
 
 def tolerance_of(args: argparse.Namespace) -> Tolerance | None:

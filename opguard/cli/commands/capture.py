@@ -11,6 +11,7 @@ the recordings are ordinary ``opguard record`` processes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import subprocess
@@ -63,11 +64,12 @@ def _indices(ops: list[OpRecord | None], window: int) -> list[int]:
     return sorted({i for k in found for i in range(max(0, k - window), k + window + 1)})
 
 
-def target_of(meta: dict[str, Any], path: str) -> list[str]:
+def target_of(meta: dict[str, Any], path: str, *, new_window: bool = False) -> list[str]:
     """What ``opguard record`` ran and how, from the command ``meta.json`` keeps: the switches
     that change how the program runs (``--eager``, ``--verify-inputs``), then ``-- SCRIPT
     ARGS…`` or ``-m MODULE ARGS…``. Its own ``--steps`` and ``--capture`` are left out: the
-    re-recording chooses them."""
+    re-recording chooses them; so is its ``--window`` with ``new_window`` (a re-recording of
+    other steps: the window given last would win)."""
     command = [str(c) for c in meta.get("command", [])]
     if command[:2] != ["opguard", "record"]:
         raise CommandError(
@@ -80,6 +82,8 @@ def target_of(meta: dict[str, Any], path: str) -> list[str]:
         raise CommandError(
             f"{path}: cannot read the recorded command {shlex.join(command)}"
         ) from None
+    if new_window:
+        options = dataclasses.replace(options, window=None)
     return [*options.mode_switches(), *target]
 
 

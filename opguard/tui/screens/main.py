@@ -264,9 +264,12 @@ class MainScreen(Screen[None]):
         self.selection = None  # its mark may change
         self.query_one(OpList).show(self.cursor, rows)
         self.query_one(Pictures).show_diff(rows.steps, diff)
-        first = rows.first_divergence()
-        if first is not None and self.rank not in self._moved_by_user:
-            self.cursor.move_to(self.cursor.locate(*first))
+        if self.rank not in self._moved_by_user:
+            first = rows.first_divergence()
+            if first is not None:
+                self.cursor.move_to(self.cursor.locate(*first))
+            elif diff.verdict == "within-rounding":
+                self.cursor.move_to(self.cursor.find_first_differing())
 
     def on_loss_ready(self, message: LossReady) -> None:
         if message.rank == self.rank:
@@ -324,6 +327,11 @@ class MainScreen(Screen[None]):
         diff = self._diffs.get(self.rank)
         if diff is None:
             self.notify("still comparing the runs: the first divergence is not known yet")
+        elif diff.verdict == "within-rounding":
+            found = self.cursor.find_first_differing()
+            self._moved(self.cursor.jump_to(found), "")
+            here = "; here is the first op whose outputs differ" if found else ""
+            self.notify(f"no divergence: every difference is within rounding{here}")
         elif diff.first is None and diff.state_first is not None:
             self.notify(
                 f"no op-level divergence; the state first differs at step "

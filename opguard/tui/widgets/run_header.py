@@ -9,6 +9,7 @@ from textual.widgets import Static
 
 from ...analysis import RankDiff
 from ...analysis.align.steps import StepCount
+from ...analysis.tolerant.judgement import RankTolerance
 from ...analysis.words.verdict import label
 from ..session import RunState
 
@@ -35,10 +36,10 @@ class RunHeader(Static):
             text.append(" DIFF FAILED ", style="bold white on red")
         elif diff is None:
             text.append(" COMPARING… ", style="bold black on yellow")
-        elif not diff.diverged:
-            text.append(" IDENTICAL ", style="bold black on green")
+        elif not diff.diverged:  # identical, or (--tolerant) within rounding
+            text.append(f" {diff.verdict.upper()} ", style="bold black on green")
         else:
-            text.append(" DIVERGED ", style="bold white on red")
+            text.append(f" {diff.verdict.upper()} ", style="bold white on red")
             first = diff.first or diff.state_first
             assert first is not None
             kind = label(first.kind, first.cause)
@@ -63,6 +64,10 @@ class RunHeader(Static):
             ]
             if others:
                 text.append("  likely: " + " · ".join(others), style="italic")
+        elif diff is not None and diff.verdict == "within-rounding":
+            # The step-level records differ too, by the rounding the ops were judged by.
+            assert diff.tolerance is not None
+            text.append(f" {within_rounding(diff.tolerance)}", style="green")
         elif diff is not None and diff.state_first is not None:
             text.append(f" {diff.state_first.summary}")
         elif diff is not None and not diff.ops_compared and diff.states is not None:
@@ -74,6 +79,12 @@ class RunHeader(Static):
         if text != self._shown:  # most keys leave it as it is: no redraw then
             self._shown = text
             self.update(text, layout=False)
+
+
+def within_rounding(found: RankTolerance) -> str:
+    """What the header says of a rank whose differences rounding explains, all of them."""
+    flips = f", {found.flips} of them integer/bool flips" if found.flips else ""
+    return f"{found.explained} differing aligned op(s) explained by rounding{flips}"
 
 
 def op_position(step: int | None, steps: Sequence[int], taken: int) -> str:
