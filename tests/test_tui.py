@@ -436,6 +436,29 @@ async def test_an_unfinished_run_is_shown_in_the_header(tmp_path: Path) -> None:
         assert "IDENTICAL" in header and "unfinished" in header
 
 
+async def test_a_run_that_could_not_be_read_to_its_end_is_not_identical(tmp_path: Path) -> None:
+    """A damaged record in step 2 of run B: nothing differs before it, and the header says
+    INCOMPLETE and why, never IDENTICAL (as ``opguard diff`` exits 3)."""
+    import lmdb
+
+    from opguard.store.schema import op_key
+
+    write_run(tmp_path / "a", candidate=False)
+    write_run(tmp_path / "b", candidate=False)
+    env = lmdb.open(str(tmp_path / "b" / "rank-0"), max_dbs=16)
+    with env.begin(write=True) as txn:
+        ops = env.open_db(b"ops", txn=txn)
+        last = max(int.from_bytes(k, "big") for k in txn.cursor(db=ops).iternext(values=False))
+        txn.put(op_key(last - 1), b"\xc1", db=ops)
+    env.close()
+    app = OpguardApp(Session.open(tmp_path / "a", tmp_path / "b"))
+    async with app.run_test(size=SIZE) as pilot:
+        await _settle(pilot)
+        header = str(app.query_one("#run-header").render())
+        assert "INCOMPLETE" in header and "IDENTICAL" not in header, header
+        assert "could not be read further" in header
+
+
 # -- the app on the demo runs ------------------------------------------------------------------
 
 

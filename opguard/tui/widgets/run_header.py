@@ -36,8 +36,11 @@ class RunHeader(Static):
             text.append(" DIFF FAILED ", style="bold white on red")
         elif diff is None:
             text.append(" COMPARING… ", style="bold black on yellow")
-        elif not diff.diverged:  # identical, or (--tolerant) within rounding
-            text.append(f" {diff.verdict.upper()} ", style="bold black on green")
+        elif not diff.diverged:  # identical, (--tolerant) within rounding, or incomplete
+            colour = "yellow" if diff.unread else "green"
+            text.append(f" {diff.verdict.upper()} ", style=f"bold black on {colour}")
+            for name, why in diff.unread:
+                text.append(f"  run {name} could not be read further ({why})", style="yellow")
         else:
             text.append(f" {diff.verdict.upper()} ", style="bold white on red")
             first = diff.first or diff.state_first
