@@ -28,6 +28,7 @@ import re
 import sys
 import tempfile
 import time
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from datetime import date
@@ -50,6 +51,7 @@ _ROOT = ""  # each worker's scratch directory
 def _start_worker() -> None:
     global _ROOT
     _ROOT = tempfile.mkdtemp(prefix="opguard-fuzz-")
+    warnings.simplefilter("ignore")  # the generated programs' own (bf16 RMSNorm, …), each pair
     import torch  # noqa: F401  (once per worker, before its first pair)
 
 

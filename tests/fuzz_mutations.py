@@ -4,8 +4,8 @@ and under ``--tolerant``.
 
 A pair is (program A, program B): B is A with one mutation (for ``numpy_write``, A has the same
 NumPy line adding 0.0, so that both runs make the same ops). Right answers name the op, the line
-of each generated script, the step and the cause (``first_divergence.cause`` of
-``opguard.diff/1``); the truth comes from the oracle (``fuzz_oracle.py``) where the two runs
+of each generated script (a backward op's line is its forward call's, as OpGuard documents call
+sites), the step and the cause (``first_divergence.cause`` of ``opguard.diff/1``); the truth comes from the oracle (``fuzz_oracle.py``) where the two runs
 make the same ops, and from the catalogue's knowledge of where it changed the code where they do
 not. "The first differing step" is the oracle's ``state_step``: the first step whose losses,
 parameters, gradients or optimizer states differ in their bits.
@@ -22,10 +22,13 @@ threads (rounding)        the oracle's first divergence, cause ``origin``;      
                           ``IDENTICAL`` where the thread count changes no bit   ``WITHIN-ROUNDING``
 penalty_order,            ``IDENTICAL`` where the training is bit for bit       ``IDENTICAL`` or
 accum_scale (rounding)    equal, else an op on the changed line (the penalty,   ``WITHIN-ROUNDING``
-                          the backward line) at the first differing step
+                          the backward line) at the first differing step, cause
+                          ``inserted``, ``removed``, ``replaced``, ``origin``
+                          or ``argument`` (an op of one run only there, or an
+                          aligned one computing other bits)
 reorder_slices,           the same: ``IDENTICAL`` where bit for bit equal       ``IDENTICAL`` or
-reorder_item, log_loss,   (always, so far), else an op on a changed line        ``WITHIN-ROUNDING``
-log_grad_norm,
+reorder_item, log_loss,   (always, so far), else an op on a changed line,       ``WITHIN-ROUNDING``
+log_grad_norm,            with the same causes
 log_activation,
 times_one, inplace,
 reshape (identity)
@@ -39,13 +42,12 @@ no_zero_grad (structure)  step 1, cause ``inserted`` or ``replaced``, run B's   
                           op on its ``backward()`` line (run A's, if named,
                           on its own)
 seed, loop_seed (seed)    the oracle's first divergence, cause ``rng``: the     the same op, ``DIVERGED``
-                          first layer's initialisation; dropout's mask (or
-                          ``IDENTICAL`` without dropout)
+                          first layer's initialisation; the first dropout mask
+                          whose difference reaches the training
 linear_swap (layer swap)  ``IDENTICAL`` where bit for bit equal; else an op on  ``IDENTICAL`` or
-                          the swapped line at the step its value first          ``WITHIN-ROUNDING``
-                          differs, or, where the forward computes the same
-                          bits, an op of the ``backward()`` line at the first
-                          differing step
+                          the swapped line (forward, or backward: a backward    ``WITHIN-ROUNDING``
+                          op's line is its forward call's) at the first
+                          differing step, cause as for ``penalty_order``
 ========================  ===================================================  ==========================
 
 Where the oracle's facts contradict the table (the op sequences of a class that keeps them
@@ -192,25 +194,6 @@ class AtSite:
 
 
 @dataclass(frozen=True)
-class SwappedLayer:
-    """A linear layer written out (``x @ W.T + b`` for ``F.linear``): not an identity bit for
-    bit. ``IDENTICAL`` where the training is bit for bit the same; else an op on the swapped
-    line at the first step whose value there differs (each execution of the line computes its
-    last op's output), or, where the forward computes the same bits, an op of the
-    ``backward()`` line (where every backward op is called) at the first differing step.
-    ``--tolerant``: ``IDENTICAL`` or ``WITHIN-ROUNDING``."""
-
-    needs_ops: bool = True
-
-    def answers(self, truth: Truth, a: Script, b: Script) -> Answers:
-        if truth.state_step is None:
-            return Answers(_identical(), _identical(rounding=True))
-        step = truth.line_values_differ(a.line("swap"), b.line("swap"))
-        roles, step = (("swap",), step) if step is not None else (("backward",), truth.state_step)
-        return Answers(_at_lines(a, b, roles, step), _identical(rounding=True))
-
-
-@dataclass(frozen=True)
 class ForgottenZeroGrad:
     """``opt.zero_grad()`` left out: step 0 is the same; in step 1 run B's backward adds the new
     gradient to the one kept from step 0, an op run A does not make. Right: step 1, a structure
@@ -328,7 +311,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              _b(lambda p: replace(p, init_seed=p.init_seed + 1))),
     Mutation("loop_seed", "seed", SameOps(frozenset({"rng"}), ("dropout",)),
              lambda p: p.dropout > 0, _b(lambda p: replace(p, loop_seed=p.loop_seed + 1))),
-    Mutation("linear_swap", "layer swap", SwappedLayer(), _always,
+    Mutation("linear_swap", "layer swap", AtSite(("swap",)), _always,
              _b(lambda p: replace(p, linear_swap=True))),
 )
 # fmt: on

@@ -5,7 +5,9 @@ with ``opguard.analysis`` (neither its alignment nor its judgement) or OpGuard's
 keeps every op's full inputs (their bytes, read before the op runs) and outputs (read after it),
 its non-tensor arguments, the random generator state it consumed (the CPU generator's state
 before the op, where the op changed it), its step (optimizer steps counted by a post-step hook)
-and its call site in the script (the innermost frame of the script's file on the Python stack).
+and its line in the script, as OpGuard documents call sites (docs/RECORDING.md): the innermost
+frame of the script's file on the Python stack, and for a backward op the forward call that
+made its autograd node (kept by PyTorch's anomaly mode, without its NaN checks).
 It also keeps the training state after every optimizer step (parameters, gradients and
 optimizer states, each with the op that wrote it), the losses the script handed to Python
 (``LOSSES``) and its final state (the parameters, gradients, buffers and optimizer states of the
@@ -18,8 +20,9 @@ modules and optimizers the script leaves at module level).
   everything, the final state included, is bit for bit equal. This needs no pairing of ops, so
   it holds for every pair, whatever the mutation did to the code.
 - **the first divergence** (``source``), for pairs whose op sequences are the same (the op names
-  and their inputs' dtypes and shapes, in execution order): the first op, in execution order, whose inputs are all bitwise equal and
-  some output differs, *and whose difference reaches the training's results*. Reaching matters:
+  and their inputs' dtypes and shapes, in execution order): the first op, in execution order,
+  whose inputs are all bitwise equal and some output differs, *and whose difference reaches the
+  training's results*. Reaching matters:
   a clip whose coefficient changed but is clamped to 1 in both runs, a statistic nobody reads,
   change nothing, and a run whose results are bit for bit equal has no divergence.
 
@@ -35,14 +38,18 @@ How a difference is followed, op by op, in execution order (``_Walk``):
 - a view op (its schema says its output aliases its input, it reads no value) with an external
   input and the same arguments passes the difference on as external; it is never a source
   unless its own arguments differ (a slice with another start);
+- a random op reads and writes the CPU generator's state, one more input and output: its
+  state differs *internally* after an earlier random op drew from another state, *externally*
+  where no op made it differ (another seed);
 - any other op whose outputs differ is a **source**: ``external`` (an external input),
   ``argument`` (equal inputs, other non-tensor arguments), ``rng`` (equal inputs and arguments,
-  another random generator state consumed) or ``origin`` (all equal, outputs differ anyway);
+  a generator state that differs externally) or ``origin`` (all equal, outputs differ anyway);
 - a source *reaches* the results when a chain of ops with differing outputs, each reading the
   previous one's differing output, leads from it to a value handed to Python
   (``_local_scalar_dense``, ``.item()``) or to the writer of a tensor of the training state
-  (after a step, or at the end) whose bytes differ. A gradient counts: it outlives the backward
-  pass, though an update may round its difference away.
+  (after a step, or at the end) whose bytes differ. Gradients count (they outlive the backward
+  pass, though an update may round their difference away), and so does the generator's state
+  (every later random op draws from it: a seed's first random op is the divergence).
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 Slot = tuple[int, int]  # (op index, output number) of one run
 UNINITIALIZED: Slot = (-1, -1)  # the writer of memory an empty-like op allocated
 HANDED_TO_PYTHON = "aten::_local_scalar_dense.default"  # .item(): a value leaves torch
+ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"  # the autograd node that writes .grad
 
 
 def op_name(func: Any) -> str:
@@ -125,7 +133,7 @@ class Event:
     line: int  # of the script's innermost frame; 0 when the script was not on the stack
     view: bool
     arguments: str
-    rng: bytes | None  # the generator state the op consumed; None when it drew nothing
+    random: bool  # it drew random numbers: its last input and output are the CPU generator's
     inputs: list[bytes | None]  # None: uninitialized memory
     producers: list[Slot | None]
     outputs: list[bytes]
@@ -138,12 +146,14 @@ class _Observer(TorchDispatchMode):
     def __init__(self, script: str) -> None:
         super().__init__()
         self.script = script
+        self._frame_prefix = f'File "{script}", line '  # a traceback's frame in the script
         self.events: list[Event] = []
         self.step = 0
         self.paused = False
         # storage -> (a weak reference keeping its address from reuse, the slot that wrote it)
         self._writers: dict[int, tuple[StorageWeakRef, Slot]] = {}
         self._views: WeakIdKeyDictionary = WeakIdKeyDictionary()  # view tensor -> its slot
+        self._generator_writer: Slot | None = None  # the random op that last drew
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -165,6 +175,10 @@ class _Observer(TorchDispatchMode):
             else [t for t, (v, _) in zip(read, inputs, strict=True) if v != value_bytes(t)]
         )
         outputs = self._outputs(func, args, kwargs, result, changed)
+        if consumed:  # the generator is one more input and output of a random op
+            inputs.append((value_bytes(rng_before), self._generator_writer))
+            outputs.append(rng_after)
+            self._generator_writer = (index, len(outputs) - 1)
         self.events.append(
             Event(
                 op=op_name(func),
@@ -173,14 +187,14 @@ class _Observer(TorchDispatchMode):
                 line=self._line(),
                 view=view,
                 arguments=_argument_text((args, kwargs)),
-                rng=value_bytes(rng_before) if consumed else None,
+                random=consumed,
                 inputs=[value for value, _ in inputs],
                 producers=[producer for _, producer in inputs],
                 outputs=[value_bytes(o) for o in outputs],
             )
         )
         uninitialized = op_name(func).startswith(("aten::empty", "aten::new_empty"))
-        for slot, out in enumerate(outputs):
+        for slot, out in enumerate(outputs[: len(outputs) - consumed]):  # the tensors
             if not isinstance(out, torch.Tensor) or out.numel() == 0:
                 continue
             if view:
@@ -204,8 +218,12 @@ class _Observer(TorchDispatchMode):
         return value_bytes(t), max(candidates) if candidates else None
 
     def snapshot(self, tensors: dict[str, torch.Tensor]) -> State:
-        """Named tensors' bytes, each with the slot that last wrote it."""
-        return {name: (value_bytes(t), self.read(t)[1]) for name, t in tensors.items()}
+        """Named tensors' bytes, each with the slot that last wrote it, and the CPU generator's
+        state (state too: every later random op draws from it)."""
+        state = {name: (value_bytes(t), self.read(t)[1]) for name, t in tensors.items()}
+        generator = torch.default_generator.get_state()
+        state["cpu generator"] = (value_bytes(generator), self._generator_writer)
+        return state
 
     def _outputs(
         self,
@@ -230,6 +248,15 @@ class _Observer(TorchDispatchMode):
         return written + [r for r in returned if not any(r is w for w in written)]
 
     def _line(self) -> int:
+        """The op's line in the script: a backward op's is the forward call that made its
+        autograd node (anomaly mode keeps that call's stack in the node), as OpGuard reports
+        it (docs/RECORDING.md); else, and for gradients accumulated into ``.grad``, the
+        innermost frame of the script on the Python stack (``loss.backward()`` in backward)."""
+        node = torch._C._current_autograd_node()
+        if node is not None and node.name() != ACCUMULATE_GRAD:
+            for text in reversed(node.metadata.get("traceback_", ())):
+                if text.lstrip().startswith(self._frame_prefix):
+                    return int(text.split(", line ", 1)[1].split(",", 1)[0])
         frame = sys._getframe(2)
         while frame is not None:
             if frame.f_code.co_filename == self.script:
@@ -298,6 +325,7 @@ def observe(script: Path, *, ops: bool = True) -> Observation:
     try:
         with (
             contextlib.redirect_stdout(io.StringIO()),
+            torch.autograd.set_detect_anomaly(ops, check_nan=False),  # forward stacks, kept
             observer if ops else contextlib.nullcontext(),
         ):
             namespace = runpy.run_path(path, run_name="__main__")
@@ -349,31 +377,6 @@ class Truth:
     events_a: list[Event] | None = None
     events_b: list[Event] | None = None
 
-    def line_values_differ(self, line_a: int, line_b: int) -> int | None:
-        """The step at which the value line ``line_a`` of run A computes first differs from
-        what line ``line_b`` of run B computes: each execution of the line (a maximal run of
-        consecutive ops there) computes its last op's first output. ``None``: never."""
-        assert self.events_a is not None and self.events_b is not None
-        runs_a, runs_b = _line_runs(self.events_a, line_a), _line_runs(self.events_b, line_b)
-        for (step, a), (_, b) in zip(runs_a, runs_b, strict=False):
-            if a != b:
-                return step
-        return None if len(runs_a) == len(runs_b) else min(len(runs_a), len(runs_b))
-
-
-def _line_runs(events: list[Event], line: int) -> list[tuple[int, bytes]]:
-    runs: list[tuple[int, bytes]] = []
-    previous = False
-    for event in events:
-        here = event.line == line
-        if here and event.outputs:
-            if previous:
-                runs[-1] = (runs[-1][0], event.outputs[0])
-            else:
-                runs.append((event.step, event.outputs[0]))
-        previous = here
-    return runs
-
 
 def _bytes(state: State) -> dict[str, bytes]:
     return {name: value for name, (value, _) in state.items()}
@@ -423,6 +426,8 @@ class _Walk:
 
     def _input(self, index: int, number: int) -> tuple[Difference, Slot | None]:
         ea, eb = self.a[index], self.b[index]
+        if number >= len(eb.inputs):  # a random op that drew in run A only
+            return Difference.INTERNAL, None
         va, vb = ea.inputs[number], eb.inputs[number]
         if va is None or vb is None or va == vb:
             return Difference.EQUAL, None
@@ -442,12 +447,14 @@ class _Walk:
         ]
         if not differing:
             return
-        inputs = [self._input(index, n) for n in range(len(ea.inputs))]
+        inputs = [self._input(index, n) for n in range(max(len(ea.inputs), len(eb.inputs)))]
+        generator = inputs.pop() if ea.random and eb.random else (Difference.EQUAL, None)
+        drawn = generator[0]
         external = any(d is Difference.EXTERNAL for d, _ in inputs)
         arguments = ea.arguments != eb.arguments
         outcome = Difference.INTERNAL
-        if any(d is Difference.INTERNAL for d, _ in inputs):
-            for d, slot in inputs:
+        if drawn is Difference.INTERNAL or any(d is Difference.INTERNAL for d, _ in inputs):
+            for d, slot in [*inputs, generator]:
                 if d is Difference.INTERNAL and slot is not None:
                     self.readers.setdefault(slot[0], set()).add(index)
         elif ea.view and external and not arguments:
@@ -456,7 +463,7 @@ class _Walk:
             self.sources.append((index, "external"))
         elif arguments:
             self.sources.append((index, "argument"))
-        elif ea.rng != eb.rng:
+        elif drawn is Difference.EXTERNAL:
             self.sources.append((index, "rng"))
         else:
             self.sources.append((index, "origin"))
