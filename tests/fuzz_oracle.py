@@ -82,9 +82,14 @@ def op_name(func: Any) -> str:
     return f"{func._schema.name}.{func._overloadname or 'default'}"
 
 
+# Non-tensor values whose text says all of them (an object's default text holds its address,
+# which differs between any two runs: such a value is compared by its type alone).
+_PLAIN = (bool, int, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
 def value_bytes(x: Any) -> bytes:
     """Everything that makes two values equal: dtype, shape and raw bits (NaN-safe: bits, not
-    numbers), or the exact text of a non-tensor."""
+    numbers), or the exact text of a non-tensor (a float in hex)."""
     if isinstance(x, torch.Tensor):
         t = x.detach()
         head = f"{t.dtype}{tuple(t.shape)}|".encode()
@@ -93,7 +98,7 @@ def value_bytes(x: Any) -> bytes:
         return head + t.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
     if isinstance(x, float):
         return x.hex().encode()
-    return repr(x).encode()
+    return (repr(x) if isinstance(x, _PLAIN) else type(x).__name__).encode()
 
 
 def _leaves(x: Any) -> Iterator[Any]:
