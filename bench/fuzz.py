@@ -35,14 +35,13 @@ from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the fuzzer's modules
-from fuzz_harness import Outcome, run_pair
+from fuzz_harness import MODES, Outcome, run_pair
 from fuzz_mutations import BY_NAME, MUTATIONS, make_pair, pair_of
 from readme_demo import cpu_model
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "COMPARING.md"
 BEGIN = "<!-- fuzz score: written by python bench/fuzz.py --write-docs -->"
 END = "<!-- end of the fuzz score -->"
-MODES = ("bitwise", "tolerant")
 
 
 _ROOT = ""  # each worker's scratch directory

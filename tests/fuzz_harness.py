@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fuzz_answers import Expected, Occurrence, Score, score
+from fuzz_answers import SIDES, Expected, Occurrence, Score, score
 from fuzz_mutations import Answers, CatalogueError, Pair
 from fuzz_oracle import Truth, compare, observe
 from fuzz_programs import Script, render
 
-SIDES = ("a", "b")
+MODES = {"bitwise": (), "tolerant": ("--tolerant",)}  # each diff a pair is scored by
 
 
 @contextlib.contextmanager
@@ -122,10 +122,9 @@ def run_pair(pair: Pair, root: Path, *, keep: bool = False) -> Outcome:
     outcome = Outcome(pair.name, pair.mutation.name, pair.mutation.family, pair.seed)
     where = root / pair.name
     where.mkdir(parents=True, exist_ok=True)
-    title = f"Pair {pair.name}, run {{}}."
     scripts: dict[str, Script] = {
-        "a": render(pair.a, title.format("A")),
-        "b": render(pair.b, title.format("B")),
+        side: render(program, f"Pair {pair.name}, run {side.upper()}.")
+        for side, program in zip(SIDES, (pair.a, pair.b), strict=True)
     }
     paths = {side: where / f"{side}.py" for side in SIDES}
     for side in SIDES:
@@ -153,7 +152,7 @@ def _score(outcome: Outcome, answers: Answers, paths: dict[str, Path], where: Pa
         record(paths[side], runs[side])
     occurrence = occurrences(runs)
     expected: dict[str, Expected] = {"bitwise": answers.bitwise, "tolerant": answers.tolerant}
-    for mode, options in (("bitwise", ()), ("tolerant", ("--tolerant",))):
+    for mode, options in MODES.items():
         result = diff_json(runs["a"], runs["b"], *options)
         outcome.results[mode] = result
         outcome.expected[mode] = expected[mode].text

@@ -157,17 +157,19 @@ class SameOps:
         return not self.roles
 
     def answers(self, truth: Truth, a: Script, b: Script) -> Answers:
-        if truth.events_a is None:
+        if not truth.observed:
             if truth.state_step is None:
-                return Answers(_identical(), _identical(not self.same))
+                return Answers(_identical(), _identical(rounding=not self.same))
             causes = frozenset().union(*(CAUSES[k] for k in self.kinds))
             bitwise = _at_lines(a, b, self.roles, truth.state_step, causes)
             return Answers(bitwise, bitwise if self.same else _identical(rounding=True))
         if not truth.same_ops:
             raise CatalogueError("the op sequences differ")
+        if truth.notes:
+            raise CatalogueError(f"the oracle cannot explain: {'; '.join(truth.notes)}")
         source = truth.source
         if source is None:
-            return Answers(_identical(), _identical(not self.same))
+            return Answers(_identical(), _identical(rounding=not self.same))
         if source.kind not in self.kinds:
             raise CatalogueError(f"the oracle's divergence is {source.describe()}")
         if self.roles and source.line_a not in _lines(a, self.roles):

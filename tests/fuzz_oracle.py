@@ -376,11 +376,10 @@ class Truth:
     """What :func:`compare` found of two runs."""
 
     state_step: int | None  # the first step whose state differs; None: bit for bit equal
+    observed: bool  # the ops were observed (not in compiled programs)
     same_ops: bool  # the op sequences are the same (``source`` is then the true divergence)
-    source: Source | None
-    notes: list[str] = field(default_factory=list)  # anything the oracle cannot explain
-    events_a: list[Event] | None = None
-    events_b: list[Event] | None = None
+    source: Source | None = None
+    notes: list[str] = field(default_factory=list)  # what the oracle cannot explain
 
 
 def _bytes(state: State) -> dict[str, bytes]:
@@ -400,9 +399,9 @@ def compare(a: Observation, b: Observation) -> Truth:
     """The truth about runs A and B (see the module's docstring)."""
     state_step = _state_step(a, b)
     if a.events is None or b.events is None:
-        return Truth(state_step, same_ops=False, source=None)
+        return Truth(state_step, observed=False, same_ops=False)
     same = [(e.op, e.signature) for e in a.events] == [(e.op, e.signature) for e in b.events]
-    truth = Truth(state_step, same, None, events_a=a.events, events_b=b.events)
+    truth = Truth(state_step, observed=True, same_ops=same)
     if same:
         walk = _Walk(a, b)
         truth.source = walk.first_source()
