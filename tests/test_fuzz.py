@@ -150,37 +150,27 @@ SAMPLE: tuple[tuple[str, int], ...] = (
     ("linear_swap", 1024),
     ("linear_swap", 1099),
 )
-_VIEW_ARGUMENTS = (
-    "tolerant.py: an aligned pair of view ops is not judged, not even its arguments: the "
-    "slice's other start is passed over and its reader named an origin of 'equal' inputs"
-)
 _BF16_BUDGET = (
     "tolerant.py/rounding.py: R·u at bfloat16 is 0.25 relative, so autocast's cast of a weight "
     "changed by 0.5 through NumPy is called rounding"
 )
 _PENALTY_PAIRING = (
-    "align.py/ties.py: an alignment that keeps execution order cannot pair the reversed "
-    "penalty's pow ops, which are paired across shapes; divergence.py follows their inputs back "
-    "to initialisers each aligned with another op: 'uniform_ replaced' (issue 37 §2)"
+    "diff.py: the reversed penalty's partial sums are named structure (reordered) at its line, "
+    "where its total, and so the training, is bit for bit equal: nothing differs that a "
+    "computation in another order makes (issue 37 §2)"
 )
 _VIEW_AS_WRITE = (
     "divergence.py: autocast's casts of W and of the view W.T are aligned, and the view's "
     "derived fingerprint is taken for a write OpGuard did not record"
 )
 KNOWN_WRONG: dict[tuple[str, int, str], str] = {
-    ("threads", 1182, "bitwise"): "reach.py: LayerNorm's backward judged absorbed (the add_ "
-    "that reads its gradient through a detach view also reads a later differing gradient), "
-    "so the detach is named (issue 37 §1)",
     ("threads", 1032, "tolerant"): "tolerant.py: a convolution's bias gradient before "
     "BatchNorm is rounding noise (it is 0 exactly): 68% relative from equal inputs is named "
     "an origin",
     ("penalty_order", 1058, "bitwise"): _PENALTY_PAIRING,
-    ("penalty_order", 1058, "tolerant"): _PENALTY_PAIRING,
     ("accum_scale", 1034, "bitwise"): "diff.py RunDiff.diverged: the op records agree, but "
     "the step-level 'loss' (the tensor given to backward(), loss / 3 against loss * (1.0 / 3)) "
     "makes it DIVERGED, kind state, no op",
-    ("shift", 1043, "tolerant"): _VIEW_ARGUMENTS,
-    ("order", 1019, "tolerant"): _VIEW_ARGUMENTS,
     ("numpy_write", 1070, "tolerant"): f"{_BF16_BUDGET}, and what follows: WITHIN-ROUNDING",
     ("numpy_write", 1020, "tolerant"): f"{_BF16_BUDGET}; a later float32 op is named",
     ("linear_swap", 1024, "bitwise"): _VIEW_AS_WRITE,

@@ -95,6 +95,24 @@ def test_a_sharding_bug_is_named_at_fc2_where_it_first_shows(
     assert all(r["divergence"]["step"] == 0 for r in out["ranks"])
 
 
+def test_a_slice_with_another_offset_is_named_at_the_slice(tp_runs: dict[str, Path]) -> None:
+    """TP=2 against TP=2 with the wrong shard of fc2.weight loaded: rank 1's ``narrow`` takes
+    rows 0-128 where it should take 128-256. The slice is a view whose values are its base's
+    (the same checkpoint in both runs): under ``--tolerant`` its other arguments are the real
+    change, named at the slice (as bit for bit), not at the ``copy_`` that reads it."""
+    out = tolerant(tp_runs["tp2"], tp_runs["tp2_bug"])
+    first = out["first_divergence"]
+    assert (out["verdict"], first["rank"], first["kind"], first["step"]) == (
+        "diverged",
+        1,
+        "argument",
+        0,
+    )
+    assert first["a"]["op"] == "aten::slice.Tensor"
+    assert "full.narrow(" in first["a"]["source"]
+    assert {d["name"]: (d["a"], d["b"]) for d in first["arguments_differ"]}["start"] == (128, 0)
+
+
 def test_the_report_says_shards_were_not_compared(tp_runs: dict[str, Path]) -> None:
     code, out, _ = cli_in_process("diff", str(tp_runs["tp2"]), str(tp_runs["tp1"]), "--tolerant")
     assert code == 0 and out.startswith("WITHIN-ROUNDING")

@@ -135,6 +135,9 @@ class RankTrace:
         self.rank = rank
         self.meta = meta or {}  # its run's meta.json
         self.damage: str | None = None  # set when reading stopped at a damaged record
+        # The ops :meth:`op` decoded last: the analysis reads an op's producers and readers
+        # again around it (records never change once written, and are immutable).
+        self._decoded: dict[int, OpRecord] = {}
         try:
             self._env = _ENVIRONMENTS.acquire(path)
         except lmdb.Error as exc:
@@ -611,6 +614,9 @@ class RankTrace:
             yield op
 
     def op(self, index: int) -> OpRecord:
+        found = self._decoded.get(index)
+        if found is not None:
+            return found
         try:
             with self._env.begin() as txn:
                 raw = txn.get(schema.op_key(index), db=self._dbs["ops"]) if _holds(index) else None
@@ -618,9 +624,13 @@ class RankTrace:
             raise TraceError(f"{self.path}: op {index} unreadable ({exc})") from None
         if raw is None:
             raise TraceError(f"{self.path}: no op {index} ({self.describe_ops()})")
-        return self.decode(_unpack(raw))
+        found = self._decoded[index] = self.decode(_unpack(raw))
+        if len(self._decoded) > DECODED_KEPT:
+            del self._decoded[next(iter(self._decoded))]
+        return found
 
 
+DECODED_KEPT = 512  # ops a trace keeps decoded (RankTrace.op)
 _MADV_RANDOM, _MADV_SEQUENTIAL, _MADV_DONTNEED = 1, 2, 4
 _madvise: Any = None
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from numbers import Real
 from typing import Any
 
@@ -71,6 +72,9 @@ class Judge:
             div = explainer.explain(op_a, op_b)
             div.summary = f"{judged.what}: the bitwise answer — {div.summary}"
             return div
+        view_a, view_b = judged.producers
+        if judged.reason is Reason.ARGUMENT and view_a is not None and view_b is not None:
+            op_a, op_b = self.traces[0].op(view_a[0]), self.traces[1].op(view_b[0])
         cause = {
             Reason.ARGUMENT: Cause.RNG if op_a.rng != op_b.rng else Cause.ARGUMENT,
             Reason.LEAF: Cause.LEAF,
@@ -144,6 +148,12 @@ class Judge:
                 return EQUAL, _unknown(d.slot, "input", "exists in one run only", unit), ()
             if ta.is_uninitialized or tb.is_uninitialized:
                 continue  # garbage in both: what it becomes is judged where it is written
+            source, producers = self.sources.source(ta, tb)
+            if source is Reason.ARGUMENT:
+                judged = self._view_arguments(d.slot, producers)
+                if judged is not None:
+                    return EQUAL, judged, ()
+                source = None
             if not _floating(ta, tb):
                 discrete.append(d.slot)
                 continue
@@ -152,7 +162,6 @@ class Judge:
             )
             if distance is None:
                 return EQUAL, _unknown(d.slot, "input", _why_unknown(ta, tb), unit), ()
-            source, producers = self.sources.source(ta, tb)
             if source is not None:
                 judged = self._source_judgement(d.slot, (ta, tb), distance, source, producers, unit)
                 if judged is not None:
@@ -160,6 +169,18 @@ class Judge:
             if d_in.exact or distance.estimate > d_in.estimate:
                 d_in = distance
         return d_in, None, tuple(discrete)
+
+    def _view_arguments(self, slot: str, producers: Producers) -> Judgement | None:
+        """Rule 1 at the aligned view ops that made input ``slot`` (``producers``): other
+        arguments select other values. The judgement names the view ops."""
+        pa, pb = producers
+        assert pa is not None and pb is not None
+        view_a, view_b = self.traces[0].op(pa[0]), self.traces[1].op(pb[0])
+        judged = self._arguments(view_a, view_b, op_unit(view_a, view_b, self.environments))
+        if judged is None:
+            return None
+        what = f"input '{slot}' is a view made with other arguments: {judged.what}"
+        return replace(judged, what=what, slot=slot, producers=producers)
 
     def _source_judgement(
         self,

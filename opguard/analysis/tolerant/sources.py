@@ -109,18 +109,22 @@ class Sources:
         """LEAF or STRUCTURE for an input rounding must explain by itself, with the ops that
         wrote it; None for one an aligned pair wrote (judged there). An aligned pair whose
         outputs are views was not judged (a view's values are its base's): the views are
-        followed back to where their values were written."""
+        followed back to where their values were written, and a pair of view ops whose
+        arguments differ (a slice one row later, another ``narrow``) is ARGUMENT, with the
+        view ops as producers: it selects other values, a real change."""
         align = self.alignment
         for _ in range(MAX_VIEW_CHAIN):
             pa, pb = ta.producer, tb.producer
             if pa is None and pb is None:
                 return Reason.LEAF, (pa, pb)
             if pa is not None and pb is not None and self.paired(pa[0], pb[0]):
-                if not (ta.is_view or tb.is_view):  # without decoding the producers
-                    return None, (pa, pb)
+                # An input entry is not marked a view where its producer's output is one (an
+                # index tensor sliced from the data): the producers are read to know.
                 op_a, op_b = self.traces[0].op(pa[0]), self.traces[1].op(pb[0])
                 if not (_is_view(op_a, pa[1]) or _is_view(op_b, pb[1])):
                     return None, (pa, pb)
+                if op_a.args != op_b.args:
+                    return Reason.ARGUMENT, (pa, pb)
                 if not (op_a.inputs and op_b.inputs):
                     break
                 ta, tb = op_a.inputs[0], op_b.inputs[0]
