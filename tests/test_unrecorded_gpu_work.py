@@ -129,8 +129,8 @@ def test_window_lists_the_unrecorded_gpu_work_in_it(runs: dict[str, str]) -> Non
     reading = evidence.text.split("reading (rules)")[1]
     assert "between op 2 and op 3, kernels: memset, my_kernel ×2" in reading
     # The observed op's own kernels, then what ran after it unrecorded, apart.
-    assert "kernel ampere_sgemm_32x32_sliced1x4_nn" in evidence.text
-    assert "kernel after this op, unrecorded: late_kernel" in evidence.text
+    assert "\n    ampere_sgemm_32x32_sliced1x4_nn grid [4, 1, 1]" in evidence.text
+    assert "\n    after this op, unrecorded: late_kernel grid" in evidence.text
 
 
 def test_kernels_differ_ignores_work_launched_after_the_op(runs: dict[str, str]) -> None:
