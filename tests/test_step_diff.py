@@ -81,6 +81,24 @@ def test_the_loss_names_the_first_differing_gradient_too(tmp_path: Path) -> None
     )
 
 
+def test_a_loss_that_reached_nothing_is_said_not_a_divergence(tmp_path: Path) -> None:
+    """``loss / 3`` against ``loss * (1.0 / 3)``: the loss given to ``backward()`` rounds
+    apart from step 4 on, every gradient, parameter and state is equal. The training is the
+    same: identical, with a note; a gradient that differs later is still the divergence."""
+    result = _diff_json(*_pair(tmp_path, {"loss": 4}), code=0)
+    assert result["verdict"] == "identical" and result["first_divergence"] is None
+    (rank,) = result["ranks"]
+    assert rank["step_level"]["compared"] == 10
+    (note,) = [n for n in rank["notes"] if "backward()" in n]
+    assert note.startswith("step 4: the loss given to backward() differs (")
+    assert note.endswith("while every gradient is equal: it reached nothing the step computed")
+    first = _diff_json(*_pair(tmp_path / "later", {"loss": 4, "grad fc1.bias": 7}))[
+        "first_divergence"
+    ]
+    assert first["step"] == 7
+    assert first["states_differ"]["by_kind"]["grad"] == {"count": 1, "first": "grad fc1.bias"}
+
+
 def test_optimizer_states_alone_are_the_optimizer(tmp_path: Path) -> None:
     first = _diff_json(*_pair(tmp_path, {"state fc2.bias exp_avg_sq": 3}))["first_divergence"]
     assert (first["cause"], first["state"]["name"], first["state"]["slot"]) == (
@@ -237,7 +255,7 @@ def test_traces_without_step_records_keep_their_json(tmp_path: Path) -> None:
 
 def test_one_run_recorded_ops_the_other_steps_only(tmp_path: Path) -> None:
     a = write_state_run(tmp_path / "a", op_steps=range(10))
-    b = write_state_run(tmp_path / "b", differ={"loss": 8})
+    b = write_state_run(tmp_path / "b", differ={"loss": 8, "grad": 8})
     result = _diff_json(a, b)
     assert (result["first_divergence"]["kind"], result["first_divergence"]["step"]) == ("state", 8)
     assert any("run A holds op records" in note for note in result["notes"])

@@ -218,6 +218,7 @@ def rank_json(r: RankDiff) -> dict[str, Any]:
                 "unaligned_b": s.only_b,
                 "differing": s.differing,
                 "absorbed": s.absorbed,
+                "reordered": len(s.reordered_pairs),
             }
             for s in r.steps
         ],

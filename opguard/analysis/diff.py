@@ -144,7 +144,7 @@ def _diff_ops(
     alignments = StepAlignments(reader_a, reader_b)
     traces = (trace_a, trace_b)
     judge: Judge | LayoutJudge | None = None
-    explainer = Explainer(trace_a, trace_b, alignments)
+    explainer = Explainer(trace_a, trace_b, alignments, reorders=tolerance is None)
     if tolerance is not None and layout is not None:
         result.rank = layout[1]
         result.layout = LayoutCounts(layout[0], trace_a.rank, trace_b.rank)
@@ -217,6 +217,9 @@ def _diff_ops(
         result.nonfinite_same = same_in_both(
             result.nonfinite_a, result.nonfinite_b, alignments.b_of
         )
+    reordered = [pair for s in result.steps for pair in s.reordered_pairs]
+    if reordered:
+        result.notes.append(_reordered_note(trace_a, reordered))
     result.notes.extend(absorbed.text() for absorbed in result.absorbed)
     if result.absorbed_count > len(result.absorbed):
         more = result.absorbed_count - len(result.absorbed)
@@ -227,6 +230,17 @@ def _diff_ops(
     if result.first is not None:
         result.first.rank = result.rank  # across layouts: not run A's rank
     return result
+
+
+def _reordered_note(trace_a: RankTrace, pairs: list[tuple[int, int]]) -> str:
+    """One sentence for the aligned pairs that were steps of a computation the runs take in
+    another order, with the call sites they are at."""
+    sites = dict.fromkeys(trace_a.op(a).call_site.short() for a, _ in pairs[:50])
+    return (
+        f"reordered: {len(pairs)} aligned op pair(s) at {', '.join(sites)} compute the same "
+        "things in another order (their partial results differ; what they make is compared "
+        "where it is read)"
+    )
 
 
 def _end_of_reading(result: RankDiff, trace_a: RankTrace, trace_b: RankTrace) -> None:
@@ -309,6 +323,9 @@ def _compare_step(
                             for t, o, p in zip(traces, (ops_a, ops_b), (i + k, j + k), strict=True)
                         )
                         judged = judge.judge(op_a, op_b) if judge is not None else None
+                        if judge is None and explainer.reordered(op_a, op_b):
+                            summary.reordered_pairs.append((op_a.index, op_b.index))
+                            continue
                         if result.first is None and (judge is None or judged is not None):
                             if reach is None:
                                 reach = Reach(traces, (ops_a, ops_b), dict(pairs_of(runs)))

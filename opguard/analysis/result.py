@@ -47,6 +47,10 @@ class StepSummary:
     # Aligned pairs (op index in A, in B) whose difference no reader saw (.reach), judged
     # before the first divergence: not counted in ``differing``.
     absorbed_pairs: list[tuple[int, int]] = field(default_factory=list)
+    # Aligned pairs that are steps of a computation the runs take in another order (a sum
+    # over the parameters reversed), found before the first divergence: their partial results
+    # are not compared, and not counted in ``differing``.
+    reordered_pairs: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def absorbed(self) -> int:

@@ -26,6 +26,7 @@ from ..store import RankTrace, TraceError
 from ..store.states import KIND_ORDER, StateEntry, StepState, comparable_entries, expand_step
 from .align.steps import add_to_ranges, range_text
 from .divergence.model import content_of
+from .words.text import leading_values
 from .words.verdict import WORDS, Cause, Kind
 
 # What a differing entry of each kind points at (the divergence's ``cause``).
@@ -195,13 +196,16 @@ class StateComparison:
     only_in_b: list[list[int]] = field(default_factory=list)
     # The first compared step (equal up to it) with entries recorded in one run only.
     entries_only: StepComparison | None = None
+    # The first step whose loss alone differed (:func:`reached_nothing`): not a divergence.
+    loss_only: StepComparison | None = None
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         """The rank's step-level verdict in one line, as every front end says it."""
         first = self.first
         if first is None:
-            return f"{self.compared} steps compared, all equal"
+            but = " but a loss that reached nothing" if self.loss_only is not None else ""
+            return f"{self.compared} steps compared, all equal{but}"
         # The entry's kind says its cause, except that parameters and optimizer states point
         # at the update, with their gradients equal.
         update = " (the optimizer's update)" if first.cause == CAUSE_OF_KIND["param"] else ""
@@ -303,7 +307,9 @@ def _judge(result: StateComparison, trace_a: RankTrace, trace_b: RankTrace, step
         return True
     assert state_a is not None and state_b is not None  # the walk just read both
     compared = compare_step(state_a, state_b)
-    if not compared.equal:
+    if not compared.equal and reached_nothing(compared, state_a):
+        result.loss_only = result.loss_only or compared
+    elif not compared.equal:
         result.first = StepDivergence(result.rank, compared)
         return True
     if (compared.only_a or compared.only_b) and result.entries_only is None:
@@ -311,10 +317,32 @@ def _judge(result: StateComparison, trace_a: RankTrace, trace_b: RankTrace, step
     return False
 
 
+def reached_nothing(compared: StepComparison, state_a: StepState) -> bool:
+    """Whether only the loss given to ``backward()`` differs in a step whose gradients were
+    recorded equal: a difference the backward pass never read (the gradient of a loss does
+    not depend on its value), as where ``loss / 3`` and ``loss * (1.0 / 3)`` round apart or a
+    constant is added. The training state is the same; it is said, not a divergence."""
+    kinds = {pair.kind for pair in compared.differing}
+    recorded = {entry.kind for entry in state_a.entries}
+    return kinds == {"loss"} and "grad" in recorded
+
+
+def _leading(entry: StateEntry) -> str:
+    return ", ".join(leading_values(entry.tensor)[:2]) or "?"
+
+
 def _add_notes(result: StateComparison) -> None:
     for run, ranges in (("A", result.only_in_a), ("B", result.only_in_b)):
         for first, last in ranges:
             result.notes.append(f"{range_text(first, last)}: step-level records only in run {run}")
+    loss = result.loss_only
+    if loss is not None:
+        pair = loss.differing[0]
+        result.notes.append(
+            f"step {loss.step}: the loss given to backward() differs "
+            f"({_leading(pair.a)} vs {_leading(pair.b)}) while "
+            "every gradient is equal: it reached nothing the step computed"
+        )
     only = result.entries_only
     if only is not None:
         result.notes.append(

@@ -14,7 +14,7 @@ from typing import Any
 from ..tool_registry import ToolError, dumps
 from .catalog import BY_NAME, GUIDE, TOOLS
 
-INSTALL_HINT = "the MCP server needs the mcp package: pip install 'opguard[mcp]'"
+INSTALL_HINT = "the MCP server needs the mcp package: pip install mcp (or tools/install.sh mcp)"
 
 
 def serve() -> None:

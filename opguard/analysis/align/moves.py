@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ...store import OpRecord, RankTrace, TensorRecord
+from ...store import CallSite, OpRecord, RankTrace, TensorRecord
 from ..words.verdict import Side
 from .steps import StepIndex
 
 MAX_STEP_OPS = 50_000  # ops of one step decoded to find twins; a larger step is not searched
+MAX_CHAIN = 64  # partial results followed back at one call site
 
 Ref = tuple[int, int]  # (op index, output slot)
 Signature = tuple[Any, ...]
@@ -57,13 +58,31 @@ def crossed(
     return True
 
 
+def call(op: OpRecord) -> tuple[Any, ...] | None:
+    """What makes two ops one call: name, phase, arguments and the contents of the inputs
+    (not the call site, whose file and text the two runs' scripts may word otherwise); None
+    when an input's content is unknown."""
+    inputs = tuple(t.content_key() for t in op.inputs)
+    if None in inputs:
+        return None
+    return (op.op, op.phase, repr(op.args), inputs)
+
+
 class Twins:
-    """Twins of two traces' outputs (run A's, run B's), each step indexed on first use."""
+    """Twins of two traces' outputs (run A's, run B's), and of their calls, each step indexed
+    on first use."""
 
     def __init__(self, traces: tuple[RankTrace, RankTrace]) -> None:
         self._traces = traces
         self._steps: list[StepIndex | None] = [None, None]
         self._tables: dict[tuple[int, int], dict[Any, list[tuple[Ref, Signature]]]] = {}
+        self._calls: dict[tuple[int, int], set[tuple[Any, ...]]] = {}
+
+    def repeated(self, side: Side, op: OpRecord) -> bool:
+        """Whether the other run makes ``side``'s call ``op`` too, in the same step: the same
+        op with equal arguments and inputs (:func:`call`)."""
+        mine = call(op)
+        return mine is not None and mine in self._calls_of(1 - side.value, op.step)
 
     def twin(self, side: Side, ref: Ref) -> Ref | None:
         """The output of the other run that is ``side``'s output ``ref`` computed again: same
@@ -88,16 +107,139 @@ class Twins:
         table = self._tables.get((side, step))
         if table is None:
             table = self._tables[(side, step)] = {}
-            trace = self._traces[side]
-            index = self._steps[side]
-            if index is None:
-                index = self._steps[side] = StepIndex(trace)
-            found = index.get(step)
-            if found is not None and found.stop - found.start <= MAX_STEP_OPS:
-                for op in trace.ops(found.start, found.stop):
-                    sig = signature(op)
-                    for slot, output in enumerate(op.outputs):
-                        key = output.content_key()
-                        if key is not None and not output.is_view:
-                            table.setdefault(key, []).append(((op.index, slot), sig))
+            for op in self._step_ops(side, step):
+                sig = signature(op)
+                for slot, output in enumerate(op.outputs):
+                    key = output.content_key()
+                    if key is not None and not output.is_view:
+                        table.setdefault(key, []).append(((op.index, slot), sig))
         return table
+
+    def _calls_of(self, side: int, step: int) -> set[tuple[Any, ...]]:
+        """The calls (:func:`call`) ``side``'s step ``step`` makes."""
+        calls = self._calls.get((side, step))
+        if calls is None:
+            made = (call(op) for op in self._step_ops(side, step))
+            calls = self._calls[(side, step)] = {c for c in made if c is not None}
+        return calls
+
+    def _step_ops(self, side: int, step: int) -> list[OpRecord]:
+        """``side``'s ops of step ``step``; none where the step is too long to search."""
+        trace = self._traces[side]
+        index = self._steps[side]
+        if index is None:
+            index = self._steps[side] = StepIndex(trace)
+        found = index.get(step)
+        if found is None or found.stop - found.start > MAX_STEP_OPS:
+            return []
+        return list(trace.ops(found.start, found.stop))
+
+
+Partner = Callable[[Side, int], "int | None"]  # (run, op index) -> the other run's op, if paired
+
+
+class Reorders:
+    """The aligned pairs of two traces found to be steps of a computation the runs take in
+    another order (a sum over the parameters reversed), as the walk meets them. Such a pair is
+    not one op in both runs: for an input that differs it reads what the other run reads at
+    another point (:func:`crossed`, or a :class:`Twins` of what it reads), or a partial result
+    of such a computation made at its own call site (the next term of the sum). ``partner``:
+    the pairing the caller trusts (without the pairs found here)."""
+
+    def __init__(self, traces: tuple[RankTrace, RankTrace], partner: Partner) -> None:
+        self.traces = traces
+        self._partner = partner
+        self.twins = Twins(traces)
+        self.found: tuple[set[int], set[int]] = (set(), set())  # A's op indices, B's
+        self._moved: tuple[dict[int, bool], dict[int, bool]] = ({}, {})
+
+    def find(self, op_a: OpRecord, op_b: OpRecord) -> bool:
+        """Whether aligned ops ``op_a``/``op_b`` are such a step; remembered when they are."""
+        if not (self._crossed_inputs(op_a, op_b) or self._crossed_calls(op_a, op_b)):
+            return False
+        self.found[0].add(op_a.index)
+        self.found[1].add(op_b.index)
+        return True
+
+    def moved(self, side: Side, index: int, site: CallSite, depth: int = 0) -> bool:
+        """Whether ``side``'s op ``index``, not paired, is part of such a computation read at
+        call site ``site``: it computes what the other run computes elsewhere (an output has a
+        twin), or it is a partial result of one made at ``site`` (a pair found here, or an op
+        there reading one)."""
+        if self._partner(side, index) is not None:
+            return False
+        op = self.traces[side.value].op(index)
+        if any(self.twins.twin(side, (index, slot)) for slot in range(len(op.outputs))):
+            return True
+        if op.call_site != site or depth >= MAX_CHAIN:
+            return False
+        memo = self._moved[side.value]
+        found = memo.get(index)
+        if found is None:
+            found = memo[index] = index in self.found[side.value] or any(
+                self.moved(side, t.producer[0], site, depth + 1)
+                for t in op.inputs
+                if t.producer is not None
+            )
+        return found
+
+    def _crossed_inputs(self, op_a: OpRecord, op_b: OpRecord) -> bool:
+        """Whether an input that differs is what the other run reads at another point, or a
+        partial result of a computation taken in another order."""
+        differing = [
+            (ta, tb)
+            for ta, tb in _inputs_by_slot(op_a, op_b)
+            if ta.content_key() != tb.content_key() and ta.producer and tb.producer
+        ]
+        return any(self._crossed(ta, tb, op_a, op_b) for ta, tb in differing)
+
+    def _crossed_calls(self, op_a: OpRecord, op_b: OpRecord) -> bool:
+        """Whether the ops read equal inputs with other arguments, each the call the other run
+        makes elsewhere in the step (the backward of a sum over the parameters reversed
+        expands its gradient to each parameter's shape in the other order)."""
+        if op_a.args == op_b.args:
+            return False
+        if any(ta.content_key() != tb.content_key() for ta, tb in _inputs_by_slot(op_a, op_b)):
+            return False
+        return self.twins.repeated(Side.A, op_a) and self.twins.repeated(Side.B, op_b)
+
+    def _crossed(self, ta: TensorRecord, tb: TensorRecord, op_a: OpRecord, op_b: OpRecord) -> bool:
+        pa, pb = ta.producer, tb.producer
+        assert pa is not None and pb is not None
+        if self._partner(Side.A, pa[0]) == pb[0]:
+            return False
+        partners = (lambda a: self._partner(Side.A, a), lambda b: self._partner(Side.B, b))
+        if crossed(self.traces, partners, ta, tb):
+            return True
+        return self.moved(Side.A, pa[0], op_a.call_site) and self.moved(
+            Side.B, pb[0], op_b.call_site
+        )
+
+
+class Unreordered:
+    """An alignment (``b_of``, ``a_of``, ``compared``) without the pairs ``reorders`` found:
+    to whoever asks for partners, they are two ops."""
+
+    def __init__(self, alignment: Any, reorders: Reorders) -> None:
+        self.base = alignment
+        self.reorders = reorders
+
+    def b_of(self, a_index: int) -> int | None:
+        found = self.reorders.found[0]
+        return None if a_index in found else self.base.b_of(a_index)
+
+    def a_of(self, b_index: int) -> int | None:
+        found = self.reorders.found[1]
+        return None if b_index in found else self.base.a_of(b_index)
+
+    def compared(self, index: int, side: int) -> bool:
+        return bool(self.base.compared(index, side))
+
+    def partner(self, side: Side, index: int) -> int | None:
+        return self.b_of(index) if side is Side.A else self.a_of(index)
+
+
+def _inputs_by_slot(op_a: OpRecord, op_b: OpRecord) -> list[tuple[TensorRecord, TensorRecord]]:
+    """The inputs both ops have, by slot."""
+    theirs = {t.slot: t for t in op_b.inputs}
+    return [(t, theirs[t.slot]) for t in op_a.inputs if t.slot in theirs]

@@ -32,6 +32,8 @@ class Status(Enum):
     EQUAL = "equal"
     DIFFERING = "differing"
     ABSORBED = "absorbed"  # differing, but no reader saw the difference (analysis.divergence.reach)
+    # differing: a step of a computation the runs take in another order (analysis.align.moves)
+    REORDERED = "reordered"
     # Outputs that are views of data that differs (their derived fingerprints differ): the diff
     # compares a view's data where it is read, so it is no difference of its own.
     VIEW = "view of differing data"
@@ -42,7 +44,7 @@ class Status(Enum):
     def differs(self) -> bool:
         """Whether the row is a difference a person steps to: an absorbed one or a view is
         not."""
-        return self not in (Status.EQUAL, Status.ABSORBED, Status.VIEW)
+        return self not in (Status.EQUAL, Status.ABSORBED, Status.REORDERED, Status.VIEW)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,12 +163,15 @@ class RankRows:
         (light_a, line_a, views_a), (light_b, line_b, views_b) = sides
         summary = self.summaries.get(step)
         absorbed = set(summary.absorbed_pairs) if summary is not None else set()
+        reordered = set(summary.reordered_pairs) if summary is not None else set()
 
         def status(i: int, j: int) -> Status:
             a, b = light_a[i], light_b[j]
             if a.outputs == b.outputs:
                 return Status.EQUAL if views_a[i] == views_b[j] else Status.VIEW
-            return Status.ABSORBED if (a.index, b.index) in absorbed else Status.DIFFERING
+            if (a.index, b.index) in absorbed:
+                return Status.ABSORBED
+            return Status.REORDERED if (a.index, b.index) in reordered else Status.DIFFERING
 
         rows = []
         runs = align_step(columns_of(light_a), columns_of(light_b), self._fetch)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ...store import OpRecord, RankTrace, TensorRecord
-from ..align.moves import crossed
+from ..align.moves import Reorders, Unreordered, crossed
 from ..words.verdict import Cause, Kind, Side
 from .findings import add_findings
 from .model import (
@@ -47,12 +47,36 @@ class Alignment(Protocol):
 class Explainer:
     """Explains the first differing aligned pair, given both traces and the alignment."""
 
-    def __init__(self, trace_a: RankTrace, trace_b: RankTrace, alignment: Alignment) -> None:
+    def __init__(
+        self,
+        trace_a: RankTrace,
+        trace_b: RankTrace,
+        alignment: Alignment,
+        *,
+        reorders: bool = False,
+    ) -> None:
+        """``reorders``: find the pairs that are steps of a computation the runs take in
+        another order (:meth:`reordered`, the bitwise walk); to the explanation they are two
+        ops."""
         self.trace_a = trace_a
         self.trace_b = trace_b
+        self.reorders: Reorders | None = None
+        if reorders:
+            unreordered = Unreordered(alignment, Reorders((trace_a, trace_b), self._partner))
+            self.reorders, alignment = unreordered.reorders, unreordered
         self.alignment = alignment
         # Outputs whose difference reached nothing (.reach): (op index in A, in B, slot).
         self._absorbed: set[tuple[int, int, int]] = set()
+
+    def _partner(self, side: Side, index: int) -> int | None:
+        align = self.alignment
+        return align.b_of(index) if side is Side.A else align.a_of(index)
+
+    def reordered(self, op_a: OpRecord, op_b: OpRecord) -> bool:
+        """Whether the differing aligned ops are a step of a computation the runs take in
+        another order (a sum over the parameters reversed): their partial results are not a
+        divergence; where its result differs, the first op reading it names it."""
+        return self.reorders is not None and self.reorders.find(op_a, op_b)
 
     def absorb(self, absorbed: Absorbed) -> None:
         """Notes a difference that reached nothing: an input read from it does not explain a
@@ -231,6 +255,14 @@ class Explainer:
                 link = div.chain[-1]
                 div.a, div.b, div.cause = link.a, link.b, Cause.REORDERED
                 return
+            if self._moved(cause_a, cause_b, div.chain[-1] if div.chain else None):
+                div.a, div.b, div.cause = cause_a, cause_b, Cause.REORDERED
+                inputs, _, arguments, rng = self._assess(cause_a, cause_b)
+                if arguments and not inputs:  # calls in another order: their arguments differ
+                    div.arguments, div.rng_differs = arguments, rng
+                    div.chain.append(Link(cause_a, cause_b, ""))
+                    self._settle(div, cause_a, cause_b, [])
+                return
             if a_partnered and not b_partnered:
                 cause_a = None  # B's extra op made the difference
             elif b_partnered and not a_partnered:
@@ -242,6 +274,15 @@ class Explainer:
             else Cause.REMOVED
             if cause_a is not None
             else Cause.INSERTED
+        )
+
+    def _moved(self, cause_a: OpRecord, cause_b: OpRecord, link: Link | None) -> bool:
+        """Whether both runs' producers of the link's input are the results of a computation
+        the runs take in another order (:meth:`reordered` found it)."""
+        if self.reorders is None or link is None:
+            return False
+        return self.reorders.moved(Side.A, cause_a.index, cause_a.call_site) and (
+            self.reorders.moved(Side.B, cause_b.index, cause_b.call_site)
         )
 
     def _crossed(self, link: Link) -> bool:

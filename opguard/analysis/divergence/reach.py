@@ -70,11 +70,14 @@ class Absorbed:
 
     def text(self) -> str:
         outputs = ", ".join(self.slots)
-        read = f"{len(self.readers)} op(s) read it" if self.readers else "no op read it"
+        if self.readers:
+            read = f"{len(self.readers)} op(s) read it and produced the same outputs in both runs"
+            why = "rounded away where it was read, or memory the op returns without writing it"
+        else:
+            read, why = "no op read it", "an output nothing uses"
         return (
             f"absorbed: {self.a.op} (#{self.a.index}, step {self.a.step}, "
-            f"{self.a.call_site.short()}): output {outputs} differs, but {read} and produced "
-            "the same outputs in both runs (memory the op returns without writing it?)"
+            f"{self.a.call_site.short()}): output {outputs} differs, but {read} ({why})"
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -6,10 +6,9 @@ computed them."""
 
 from __future__ import annotations
 
-from ...store import CallSite, OpRecord, RankTrace, TensorRecord
-from ..align.moves import Twins, crossed
+from ...store import OpRecord, RankTrace, TensorRecord
+from ..align.moves import Reorders
 from ..divergence.explainer import Alignment
-from ..divergence.model import differing_tensors
 from ..words.verdict import Side
 from .judgement import Producer, Producers, Reason
 from .rounding import data_input, divides, dtype_unit, moves
@@ -34,72 +33,17 @@ class Sources:
         # alignment paired two ops of one name, as a fused optimizer's one add with a foreach
         # optimizer's other), judged as ops of one run only (indices in A, in B).
         self._unpaired: set[tuple[int, int]] = set()
-        self.twins = Twins(traces)
-        # Of those, the ones that are steps of a computation taken in another order (A's
-        # indices, B's): their readers at the same call site continue it.
-        self._reordered: tuple[set[int], set[int]] = (set(), set())
-        self._moved_ops: tuple[dict[int, bool], dict[int, bool]] = ({}, {})
+        self.reorders = Reorders(traces, self.partner)
 
     def reordered(self, op_a: OpRecord, op_b: OpRecord) -> bool:
-        """Whether aligned ops are a step of a computation the runs take in another order (a
-        sum over the parameters reversed), not one op in both runs: for an input that differs,
-        they read what the other run reads at another point (:func:`~..align.moves.crossed`,
-        or the other run computes the same value again elsewhere:
-        :mod:`..align.moves`), or the partial result of such a step made at the same call site
-        (the next term of the sum). Their outputs are partial results that need not agree; what
-        the computation makes is judged where an op at another call site reads it. Remembered:
-        the pair is unpaired."""
-        if not any(self._crossed(ta, tb, op_a, op_b) for ta, tb in self._differing(op_a, op_b)):
+        """Whether aligned ops are a step of a computation the runs take in another order
+        (:class:`~..align.moves.Reorders`): their outputs are partial results that need not
+        agree; what the computation makes is judged where an op at another call site reads
+        it. Such a pair is unpaired."""
+        if not self.reorders.find(op_a, op_b):
             return False
         self.unpair(op_a.index, op_b.index)
-        self._reordered[0].add(op_a.index)
-        self._reordered[1].add(op_b.index)
         return True
-
-    @staticmethod
-    def _differing(op_a: OpRecord, op_b: OpRecord) -> list[tuple[TensorRecord, TensorRecord]]:
-        """The inputs of both ops that differ and were written by recorded ops in both runs."""
-        return [
-            (d.a, d.b)
-            for d in differing_tensors(op_a.inputs, op_b.inputs)
-            if d.a is not None and d.b is not None and d.a.producer and d.b.producer
-        ]
-
-    def _crossed(self, ta: TensorRecord, tb: TensorRecord, op_a: OpRecord, op_b: OpRecord) -> bool:
-        pa, pb = ta.producer, tb.producer
-        assert pa is not None and pb is not None
-        if self.paired(pa[0], pb[0]):
-            return False
-        partners = (lambda a: self.partner(Side.A, a), lambda b: self.partner(Side.B, b))
-        if crossed(self.traces, partners, ta, tb):
-            return True
-        return all(
-            self._moved(side, produced[0], reader.call_site)
-            for side, produced, reader in ((Side.A, pa, op_a), (Side.B, pb, op_b))
-        )
-
-    def _moved(self, side: Side, index: int, site: CallSite, depth: int = 0) -> bool:
-        """Whether ``side``'s op ``index``, an op of one run only (or of a pair told apart), is
-        part of a computation the runs take in another order, read at call site ``site``: it
-        computes what the other run computes elsewhere (an output has a twin there,
-        :mod:`..align.moves`), or it is a partial result of such a computation made at
-        ``site`` (a pair found reordered, or an op there reading one)."""
-        if self.partner(side, index) is not None:
-            return False
-        op = self.traces[side.value].op(index)
-        if any(self.twins.twin(side, (index, slot)) for slot in range(len(op.outputs))):
-            return True
-        if op.call_site != site or depth >= MAX_REGION:
-            return False
-        memo = self._moved_ops[side.value]
-        found = memo.get(index)
-        if found is None:
-            found = memo[index] = index in self._reordered[side.value] or any(
-                self._moved(side, t.producer[0], site, depth + 1)
-                for t in op.inputs
-                if t.producer is not None
-            )
-        return found
 
     def unpair(self, index_a: int, index_b: int) -> None:
         """Tells that aligned ops ``index_a``/``index_b`` are two ops, not one in both runs."""

@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "mcp",
         help="serve the tools to a coding agent over MCP (stdio)",
         description="Serves every tool that opguard tools lists over the Model Context Protocol "
-        "on stdin/stdout until the client disconnects. Needs: pip install 'opguard[mcp]'.",
+        "on stdin/stdout until the client disconnects. Needs the mcp package (pip install mcp, or tools/install.sh mcp).",
     )
     p.set_defaults(run=run)
 

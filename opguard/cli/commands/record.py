@@ -103,7 +103,8 @@ def _run_elsewhere(args: argparse.Namespace, options: RecordOptions, target_args
     if check.returncode != 0:
         raise CommandError(
             f"{args.python}: OpGuard is not installed for this interpreter "
-            f"(run: {args.python} -m pip install opguard)"
+            f"(install it there from the OpGuard checkout: {args.python} -m pip install ., "
+            "or its wheel; docs/INSTALL.md)"
         )
     forwarded = ["-o", args.output, *options.switches()]
     if args.module:

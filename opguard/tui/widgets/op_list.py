@@ -30,6 +30,7 @@ _STATUS_TEXT = {
     Status.EQUAL: ("equal", "op-list--equal"),
     Status.DIFFERING: ("differs", "op-list--differing"),
     Status.ABSORBED: ("absorbed", "op-list--equal"),
+    Status.REORDERED: ("reordered", "op-list--equal"),
     Status.VIEW: ("view ≠", "op-list--equal"),
     Status.ONLY_A: ("only A", "op-list--only-a"),
     Status.ONLY_B: ("only B", "op-list--only-b"),
