@@ -14,6 +14,7 @@ import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from ..store import RankTrace, Run, TraceError
 from ..store.light import LightReader, OpColumns
@@ -305,6 +306,15 @@ def _compare_step(
     out_a, out_b = ops_a.outputs, ops_b.outputs
     traces = (explainer.trace_a, explainer.trace_b)
     reach: Reach | None = None  # made when a difference is first judged in this step
+    made: list[set[Any]] = []  # each run's outputs in this step, gathered when first asked
+
+    def elsewhere(i: int, j: int) -> bool:
+        """Whether each op's outputs are made, bit for bit, by an op of the other run's step
+        (a call it makes elsewhere), read from the light columns already in memory."""
+        if not made:
+            made.extend((set(out_a), set(out_b)))
+        return out_a[i] in made[1] and out_b[j] in made[0]
+
     prev_i = prev_j = 0
     for i, j, n in [*runs, (n_a, n_b, 0)]:
         if i > prev_i:
@@ -323,7 +333,9 @@ def _compare_step(
                             for t, o, p in zip(traces, (ops_a, ops_b), (i + k, j + k), strict=True)
                         )
                         judged = judge.judge(op_a, op_b) if judge is not None else None
-                        if judge is None and explainer.reordered(op_a, op_b):
+                        if judge is None and explainer.reordered(
+                            op_a, op_b, outputs_elsewhere=elsewhere(i + k, j + k)
+                        ):
                             summary.reordered_pairs.append((op_a.index, op_b.index))
                             continue
                         if result.first is None and (judge is None or judged is not None):

@@ -10,7 +10,7 @@ Found by content, so it holds whatever the alignment paired.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ...store import CallSite, OpRecord, RankTrace, TensorRecord
@@ -75,14 +75,16 @@ class Twins:
     def __init__(self, traces: tuple[RankTrace, RankTrace]) -> None:
         self._traces = traces
         self._steps: list[StepIndex | None] = [None, None]
-        self._tables: dict[tuple[int, int], dict[Any, list[tuple[Ref, Signature]]]] = {}
-        self._calls: dict[tuple[int, int], set[tuple[Any, ...]]] = {}
+        # Each run's indexes of the last step asked about: the walk goes a step at a time, so
+        # memory stays that of one step however long the runs are. (side -> (step, index))
+        self._tables: dict[int, tuple[int, dict[Any, list[tuple[Ref, Signature]]]]] = {}
+        self._calls: dict[int, tuple[int, set[int]]] = {}
 
     def repeated(self, side: Side, op: OpRecord) -> bool:
         """Whether the other run makes ``side``'s call ``op`` too, in the same step: the same
         op with equal arguments and inputs (:func:`call`)."""
         mine = call(op)
-        return mine is not None and mine in self._calls_of(1 - side.value, op.step)
+        return mine is not None and hash(mine) in self._calls_of(1 - side.value, op.step)
 
     def twin(self, side: Side, ref: Ref) -> Ref | None:
         """The output of the other run that is ``side``'s output ``ref`` computed again: same
@@ -104,35 +106,40 @@ class Twins:
 
     def _table(self, side: int, step: int) -> dict[Any, list[tuple[Ref, Signature]]]:
         """Content key -> the outputs of ``side``'s step ``step`` that hold it."""
-        table = self._tables.get((side, step))
-        if table is None:
-            table = self._tables[(side, step)] = {}
-            for op in self._step_ops(side, step):
-                sig = signature(op)
-                for slot, output in enumerate(op.outputs):
-                    key = output.content_key()
-                    if key is not None and not output.is_view:
-                        table.setdefault(key, []).append(((op.index, slot), sig))
+        kept = self._tables.get(side)
+        if kept is not None and kept[0] == step:
+            return kept[1]
+        table: dict[Any, list[tuple[Ref, Signature]]] = {}
+        for op in self._step_ops(side, step):
+            sig = signature(op)
+            for slot, output in enumerate(op.outputs):
+                key = output.content_key()
+                if key is not None and not output.is_view:
+                    table.setdefault(key, []).append(((op.index, slot), sig))
+        self._tables[side] = (step, table)
         return table
 
-    def _calls_of(self, side: int, step: int) -> set[tuple[Any, ...]]:
+    def _calls_of(self, side: int, step: int) -> set[int]:
         """The calls (:func:`call`) ``side``'s step ``step`` makes."""
-        calls = self._calls.get((side, step))
-        if calls is None:
-            made = (call(op) for op in self._step_ops(side, step))
-            calls = self._calls[(side, step)] = {c for c in made if c is not None}
+        kept = self._calls.get(side)
+        if kept is not None and kept[0] == step:
+            return kept[1]
+        # Hashes, not the calls: a step's worth of input keys would cost what the walk saves.
+        calls = {hash(c) for c in map(call, self._step_ops(side, step)) if c is not None}
+        self._calls[side] = (step, calls)
         return calls
 
-    def _step_ops(self, side: int, step: int) -> list[OpRecord]:
-        """``side``'s ops of step ``step``; none where the step is too long to search."""
+    def _step_ops(self, side: int, step: int) -> Iterator[OpRecord]:
+        """``side``'s ops of step ``step``, decoded one at a time; none where the step is too
+        long to search."""
         trace = self._traces[side]
         index = self._steps[side]
         if index is None:
             index = self._steps[side] = StepIndex(trace)
         found = index.get(step)
         if found is None or found.stop - found.start > MAX_STEP_OPS:
-            return []
-        return list(trace.ops(found.start, found.stop))
+            return iter(())
+        return iter(trace.ops(found.start, found.stop))
 
 
 Partner = Callable[[Side, int], "int | None"]  # (run, op index) -> the other run's op, if paired
@@ -153,9 +160,13 @@ class Reorders:
         self.found: tuple[set[int], set[int]] = (set(), set())  # A's op indices, B's
         self._moved: tuple[dict[int, bool], dict[int, bool]] = ({}, {})
 
-    def find(self, op_a: OpRecord, op_b: OpRecord) -> bool:
-        """Whether aligned ops ``op_a``/``op_b`` are such a step; remembered when they are."""
-        if not (self._crossed_inputs(op_a, op_b) or self._crossed_calls(op_a, op_b)):
+    def find(self, op_a: OpRecord, op_b: OpRecord, *, outputs_elsewhere: bool = True) -> bool:
+        """Whether aligned ops ``op_a``/``op_b`` are such a step; remembered when they are.
+        ``outputs_elsewhere``: False where the caller knows that an output of one is made by
+        no op of the other run's step (then neither is a call the other run makes, and the
+        step is not searched)."""
+        calls = outputs_elsewhere and self._crossed_calls(op_a, op_b)
+        if not (calls or self._crossed_inputs(op_a, op_b)):
             return False
         self.found[0].add(op_a.index)
         self.found[1].add(op_b.index)

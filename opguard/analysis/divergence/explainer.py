@@ -72,11 +72,14 @@ class Explainer:
         align = self.alignment
         return align.b_of(index) if side is Side.A else align.a_of(index)
 
-    def reordered(self, op_a: OpRecord, op_b: OpRecord) -> bool:
+    def reordered(self, op_a: OpRecord, op_b: OpRecord, *, outputs_elsewhere: bool = True) -> bool:
         """Whether the differing aligned ops are a step of a computation the runs take in
         another order (a sum over the parameters reversed): their partial results are not a
-        divergence; where its result differs, the first op reading it names it."""
-        return self.reorders is not None and self.reorders.find(op_a, op_b)
+        divergence; where its result differs, the first op reading it names it.
+        ``outputs_elsewhere``: as :meth:`~..align.moves.Reorders.find` takes it."""
+        return self.reorders is not None and self.reorders.find(
+            op_a, op_b, outputs_elsewhere=outputs_elsewhere
+        )
 
     def absorb(self, absorbed: Absorbed) -> None:
         """Notes a difference that reached nothing: an input read from it does not explain a
