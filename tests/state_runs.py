@@ -8,7 +8,8 @@ states per parameter, the norm's buffers and the CPU generator's state. Every en
 fingerprint is a function of (kind, name, slot, step), so two runs written alike are
 bit-identical; ``differ`` shifts chosen entries from a chosen step on, as a real change would.
 Runs may also hold op records for some steps (``op_steps``: a window, or every step), a short
-chain per step whose outputs differ from ``ops_differ_from`` on.
+chain per step whose outputs differ from ``ops_differ_from`` on. :func:`hunt_of` makes the
+outcome of ``opguard hunt`` from such runs, without recording.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from traces import OPTIMIZER, TraceBuilder, tensor
+
+from opguard.analysis import RunDiff, diff_runs
+from opguard.hunt import Hunt, Recording
+from opguard.store import Run
 
 PARAMS = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "norm.weight")
 OPTIMIZER_SLOTS = ("exp_avg", "exp_avg_sq")
@@ -129,3 +134,19 @@ def write_state_run(
 
 def _tensor(slot: str, fingerprint: int, producer: int | None = None) -> dict[str, Any]:
     return tensor(slot, fingerprint, producer, shape=(4,))
+
+
+def hunt_of(root: Path, first: dict[str, int], second: dict[str, int] | None) -> Hunt:
+    """A hunt whose first pass parts where ``first`` makes it (:func:`write_state_run`'s
+    ``differ``), and whose second pass parts where ``second`` does (None: no second pass),
+    without recording: its passes' runs written under ``root``."""
+
+    def diff(name: str, differ: dict[str, int]) -> RunDiff:
+        a = write_state_run(root / name / "a", steps=range(8))
+        b = write_state_run(root / name / "b", steps=range(8), differ=differ)
+        with Run(a) as run_a, Run(b) as run_b:
+            return diff_runs(run_a, run_b)
+
+    recordings = [Recording.of(root, run, "steps") for run in "ab"]
+    second_pass = diff("window", second) if second is not None else None
+    return Hunt(root, diff("steps", first), recordings, second_pass)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from conftest import run_cli
 from llm_stub import Answer, StubProvider, stub_provider
 from scenario_runs import PAIRS, Recordings, session_recordings
+from test_docs import assert_specified
 from test_imports import BLOCKER, _explain, cli_without
 from textual.app import App, ComposeResult
 from textual.containers import Vertical
@@ -55,6 +56,7 @@ from opguard.agent.panel import AgentChat
 from opguard.analysis import diff_runs
 from opguard.cli import main
 from opguard.store import Run
+from opguard.tools.explanation import SCHEMA as EXPLAIN_SCHEMA
 
 KEY = "sk-opguard-PLANTED-7f3a9c1e5b2d"
 IN_PRICE, OUT_PRICE = 2.0, 8.0  # USD per million tokens, for the stub model
@@ -471,8 +473,10 @@ def test_tool_calls_are_answered_from_the_trace_and_counted(
         Answer(tool_calls=asks, usage=(300, 30)), Answer(text=("lr doubled",), usage=(700, 40))
     ) as stub:
         code, out, _ = ask(capsys, tiny, stub, "--json")
-    agent = json.loads(out)["agent"]
+    report = json.loads(out)
+    agent = report["agent"]
     assert code == 1 and agent["answer"] == "lr doubled"
+    assert_specified(EXPLAIN_SCHEMA, report, elsewhere={"evidence"})  # test_docs: the rest
     _, second = (r["body"] for r in stub.requests)
     answers = {m["tool_call_id"]: m["content"] for m in second["messages"] if m["role"] == "tool"}
     assert f"> #{divergent_op} aten::add_.Tensor" in answers["call_0"]

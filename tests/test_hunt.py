@@ -26,11 +26,10 @@ from typing import Any
 import pytest
 import torch
 from conftest import cli_in_process, line_of, opguard_cmd
-from state_runs import write_state_run
+from state_runs import hunt_of
 from test_imports import cli_without
 
-from opguard.analysis import diff_runs
-from opguard.hunt import Hunt, HuntError, Recording, target_words
+from opguard.hunt import HuntError, target_words
 from opguard.store import Run
 
 LONG_RUNS = Path(__file__).resolve().parent / "long_runs"
@@ -342,38 +341,23 @@ def test_ddp_step_level_per_rank_names_the_rank_that_parted_first(runs: dict[str
 # -- the verdict, on written runs ---------------------------------------------------------------
 
 
-def _hunt_of(root: Path, first: dict[str, int], second: dict[str, int] | None) -> Hunt:
-    """A hunt whose first pass parts where ``first`` makes it (state_runs' ``differ``), and
-    whose second pass parts where ``second`` does (None: no second pass)."""
-
-    def diff(name: str, differ: dict[str, int]) -> Any:
-        a = write_state_run(root / name / "a", steps=range(8))
-        b = write_state_run(root / name / "b", steps=range(8), differ=differ)
-        with Run(a) as run_a, Run(b) as run_b:
-            return diff_runs(run_a, run_b)
-
-    recordings = [Recording.of(root, run, "steps") for run in "ab"]
-    second_pass = diff("window", second) if second is not None else None
-    return Hunt(root, diff("steps", first), recordings, second_pass)
-
-
 def test_the_second_pass_decides_whether_the_step_is_reproduced(tmp_path: Path) -> None:
-    found = _hunt_of(tmp_path / "found", {"grad fc2.weight": 5}, {"grad fc2.weight": 5})
+    found = hunt_of(tmp_path / "found", {"grad fc2.weight": 5}, {"grad fc2.weight": 5})
     assert found.reproduced is True and found.next_time is None and found.exit_code == 1
     assert found.found_by == (
         "step 5 (rank 0): the step-level records first differ at grad fc2.weight; recorded its "
         "ops in both runs:"
     )
-    moved = _hunt_of(tmp_path / "moved", {"grad fc2.weight": 5}, {"param": 3})
+    moved = hunt_of(tmp_path / "moved", {"grad fc2.weight": 5}, {"param": 3})
     assert moved.reproduced is False and "--keep-last 20" in str(moved.next_time)
     assert "but recorded again they first differ at step 3 (rank 0, param fc1.weight)" in (
         moved.found_by
     )
-    equal = _hunt_of(tmp_path / "equal", {"loss": 5, "grad": 5}, {})
+    equal = hunt_of(tmp_path / "equal", {"loss": 5, "grad": 5}, {})
     assert equal.reproduced is False
     assert "the runs' state is equal up to step 5: not reproduced" in equal.found_by
     assert equal.to_json()["reproduced"] is False
-    same = _hunt_of(tmp_path / "same", {}, None)
+    same = hunt_of(tmp_path / "same", {}, None)
     assert (same.reproduced, same.exit_code, same.verdict) == (None, 0, "identical")
     assert same.found_by.startswith("identical: the step-level records of both runs agree (8 ")
     brief = same.to_json(brief=True)

@@ -23,6 +23,7 @@ import lmdb
 import msgpack
 
 from opguard.store import TraceWriter, schema
+from opguard.store.captures import capture_key, encode
 from opguard.store.meta import write_meta
 from opguard.store.states import encode_step
 
@@ -69,12 +70,13 @@ def kernel(
 class TraceBuilder:
     """One rank of a run: ``meta.json`` written, names, call sites, stacks and state names
     interned in the order they are first asked for, ops appended with :meth:`op` (or records
-    as stored with :meth:`append`), step-level records with :meth:`step_record`; :meth:`close`
-    (or the ``with`` block's end) finishes it. ``meta``: fields of ``meta.json`` besides the
-    schema (a test's command, finished); ``start``: fields of the rank's start record besides
-    its rank; ``kernels``: per op index, the GPU work the writer's CUPTI drains hand it, one
-    drain per mapping (later ones extend earlier lists); ``site``: the call site of ops given
-    none; ``writer``: the :class:`TraceWriter`'s own options (``batch_size``, …)."""
+    as stored with :meth:`append`), step-level records with :meth:`step_record`, captured
+    tensors with :meth:`capture`; :meth:`close` (or the ``with`` block's end) finishes it.
+    ``meta``: fields of ``meta.json`` besides the schema (a test's command, finished);
+    ``start``: fields of the rank's start record besides its rank; ``kernels``: per op index,
+    the GPU work the writer's CUPTI drains hand it, one drain per mapping (later ones extend
+    earlier lists); ``site``: the call site of ops given none; ``writer``: the
+    :class:`TraceWriter`'s own options (``batch_size``, …)."""
 
     def __init__(
         self,
@@ -162,6 +164,15 @@ class TraceBuilder:
         """Writes step ``step``'s step-level record: (kind, state name id, slot, tensor
         fields) per entry, in the order the step computes them."""
         self.writer.put_step(step, encode_step(step, entries))
+
+    def capture(self, index: int, direction: str, position: int, slot: str, values: Any) -> None:
+        """Stores a tensor of op ``index`` in full, as ``record --capture`` does: its
+        ``position``-th input (``direction`` INPUT) or output (OUTPUT), ``values`` a numpy
+        array of its elements."""
+        key = capture_key(index, direction, position)
+        self.writer.put_capture(
+            key, lambda: encode(slot, str(values.dtype), list(values.shape), values.tobytes())
+        )
 
     def close(
         self,
