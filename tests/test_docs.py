@@ -1,7 +1,6 @@
-"""The documentation a user reads holds: every relative link in README.md and docs/ resolves
-(to a file, and to a heading where it names one),
-the README stays a first-time user's page, and every key ``opguard diff --json`` writes is
-specified in docs/json-contract.md."""
+"""The documentation a user reads holds: every relative link in README.md, docs/ and the agents'
+skill resolves (to a file, and to a heading where it names one), the README stays a first-time
+user's page, and every key ``opguard diff --json`` writes is specified in docs/json-contract.md."""
 
 from __future__ import annotations
 
@@ -20,7 +19,11 @@ from opguard.analysis.tolerant.rule import Tolerance
 from opguard.store import Run
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    ROOT / "skills/opguard/SKILL.md",
+]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 README_LIMIT = 12 * 1024  # bytes: what a first-time user reads; the manual is in docs/
 
