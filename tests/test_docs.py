@@ -1,8 +1,8 @@
-"""The documentation a user reads holds: every relative link in README.md and docs/ resolves
-(to a file, and to a heading where it names one),
-the README stays a first-time user's page, and every key of every JSON object OpGuard prints
-(``opguard diff --json``, the other commands' ``--json``, the tools' answers) is specified in
-that object's section of docs/json-contract.md."""
+"""The documentation a user reads holds: every relative link in README.md, docs/ and the agents'
+skill resolves (to a file, and to a heading where it names one), the README stays a first-time
+user's page, and every key of every JSON object OpGuard prints (``opguard diff --json``, the
+other commands' ``--json``, the tools' answers) is specified in that object's section of
+docs/json-contract.md."""
 
 from __future__ import annotations
 
@@ -35,7 +35,11 @@ from opguard.tools.runs import NAN_SCHEMA
 from opguard.tools.zoom import REPLAY_SCHEMA, TENSOR_SCHEMA
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    ROOT / "skills/opguard/SKILL.md",
+]
 CONTRACT = ROOT / "docs" / "json-contract.md"
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 README_LIMIT = 12 * 1024  # bytes: what a first-time user reads; the manual is in docs/
