@@ -150,20 +150,11 @@ SAMPLE: tuple[tuple[str, int], ...] = (
     ("linear_swap", 1024),
     ("linear_swap", 1099),
 )
-_BF16_BUDGET = (
-    "tolerant.py/rounding.py: R·u at bfloat16 is 0.25 relative, so autocast's cast of a weight "
-    "changed by 0.5 through NumPy is called rounding"
-)
 _VIEW_AS_WRITE = (
     "divergence.py: autocast's casts of W and of the view W.T are aligned, and the view's "
     "derived fingerprint is taken for a write OpGuard did not record"
 )
 KNOWN_WRONG: dict[tuple[str, int, str], str] = {
-    ("threads", 1032, "tolerant"): "tolerant.py: a convolution's bias gradient before "
-    "BatchNorm is rounding noise (it is 0 exactly): 68% relative from equal inputs is named "
-    "an origin",
-    ("numpy_write", 1070, "tolerant"): f"{_BF16_BUDGET}, and what follows: WITHIN-ROUNDING",
-    ("numpy_write", 1020, "tolerant"): f"{_BF16_BUDGET}; a later float32 op is named",
     ("linear_swap", 1024, "bitwise"): _VIEW_AS_WRITE,
     ("linear_swap", 1024, "tolerant"): "tolerant.py: an aligned empty_like's uninitialized "
     "output has no sketch: 'distance unknown', DIVERGED",

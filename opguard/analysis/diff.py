@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +39,7 @@ from .result import RankDiff, RunDiff, StepSummary
 from .state_diff import compare_states, window_command
 from .tolerant.judge import Judge
 from .tolerant.layout_judge import LayoutAlignment, LayoutCounts, LayoutJudge
+from .tolerant.noise import NoiseFloor
 from .tolerant.rule import Tolerance
 
 UNALIGNED_EXAMPLES = 5
@@ -49,6 +52,7 @@ def diff_rank(
     step: int | None = None,
     tolerance: Tolerance | None = None,
     layout: tuple[int, int] | None = None,
+    control: RankTrace | None = None,
 ) -> RankDiff:
     """One rank of both runs: op by op where both recorded ops, step by step where either run
     recorded step-level records only; the step-level records, where both runs hold them, are
@@ -57,7 +61,9 @@ def diff_rank(
     (:mod:`.tolerant`; op records only: step-level records are compared bit for bit).
     ``layout`` (with a tolerance): (degree, rank reported) of two ranks of runs in parallel
     layouts that differ by that degree: ops align by call site and the rank of shapes, and
-    tensors compare by logical value (:mod:`.tolerant.layout_judge`)."""
+    tensors compare by logical value (:mod:`.tolerant.layout_judge`). ``control`` (with a
+    tolerance): this rank of a control run of run A's script, whose distances from run A are
+    the measured noise floor (:mod:`.tolerant.noise`)."""
     if by_steps_only(trace_a, trace_b):
         result = _diff_steps_only(trace_a, trace_b, step)
         if tolerance is not None:
@@ -66,7 +72,7 @@ def diff_rank(
                 "compared bit for bit"
             )
     else:
-        result = _diff_ops(trace_a, trace_b, step, tolerance, layout)
+        result = _diff_ops(trace_a, trace_b, step, tolerance, layout, control)
         if trace_a.has_steps and trace_b.has_steps:
             result.states = compare_states(trace_a, trace_b, step=step)
             result.notes.extend(result.states.notes)
@@ -133,6 +139,7 @@ def _diff_ops(
     step: int | None,
     tolerance: Tolerance | None,
     layout: tuple[int, int] | None,
+    control: RankTrace | None,
 ) -> RankDiff:
     table = KeyTable()
     # NaN/Inf origins come with the same scan; with --step the scan covers part of the runs.
@@ -146,14 +153,15 @@ def _diff_ops(
     traces = (trace_a, trace_b)
     judge: Judge | LayoutJudge | None = None
     explainer = Explainer(trace_a, trace_b, alignments, reorders=tolerance is None)
+    noise = NoiseFloor(trace_a, control) if tolerance is not None and control is not None else None
     if tolerance is not None and layout is not None:
         result.rank = layout[1]
         result.layout = LayoutCounts(layout[0], trace_a.rank, trace_b.rank)
         by_layout = LayoutAlignment(alignments, traces, result.layout)
         explainer = Explainer(trace_a, trace_b, by_layout)
-        judge = LayoutJudge(tolerance, traces, by_layout)
+        judge = LayoutJudge(tolerance, traces, by_layout, noise)
     elif tolerance is not None:
-        judge = Judge(tolerance, traces, alignments)
+        judge = Judge(tolerance, traces, alignments, noise)
     result.count_a, result.count_b = count_steps(trace_a), count_steps(trace_b)
     steps_a, steps_b = step_columns(reader_a, step), step_columns(reader_b, step)
     next_a, next_b = next(steps_a, None), next(steps_b, None)
@@ -388,10 +396,22 @@ def diff_runs(
     tolerance: Tolerance | None = None,
 ) -> RunDiff:
     pairs = compared_ranks(run_a, run_b, rank, tolerance)
+    if tolerance is not None and tolerance.noise is not None:
+        _check_control(tolerance.noise, pairs)
     if len(pairs) == 1:
         (pair,) = pairs
         trace_a, trace_b = run_a.rank(pair.rank_a), run_b.rank(pair.rank_b)
-        results = [diff_rank(trace_a, trace_b, step=step, tolerance=tolerance, layout=pair.layout)]
+        with _control(tolerance) as control:
+            results = [
+                diff_rank(
+                    trace_a,
+                    trace_b,
+                    step=step,
+                    tolerance=tolerance,
+                    layout=pair.layout,
+                    control=control.rank(pair.rank_a) if control is not None else None,
+                )
+            ]
     else:
         results = _diff_in_parallel(str(run_a.path), str(run_b.path), pairs, step, tolerance)
     if step is not None and not any(_compared(r, step) for r in results):
@@ -499,13 +519,35 @@ def _diff_rank_of(
     path_a: str, path_b: str, pair: RankPair, step: int | None, tolerance: Tolerance | None
 ) -> RankDiff:
     """:func:`diff_rank` in a worker process, which opens the traces itself."""
-    with Run(path_a) as run_a, Run(path_b) as run_b:
+    with Run(path_a) as run_a, Run(path_b) as run_b, _control(tolerance) as control:
         return diff_rank(
             run_a.rank(pair.rank_a),
             run_b.rank(pair.rank_b),
             step=step,
             tolerance=tolerance,
             layout=pair.layout,
+            control=control.rank(pair.rank_a) if control is not None else None,
+        )
+
+
+@contextmanager
+def _control(tolerance: Tolerance | None) -> Iterator[Run | None]:
+    """The control run of ``--noise``, open while the ranks are compared; None without one."""
+    if tolerance is None or tolerance.noise is None:
+        yield None
+        return
+    with Run(tolerance.noise) as control:
+        yield control
+
+
+def _check_control(path: str, pairs: list[RankPair]) -> None:
+    """Refuses a control run that lacks a rank of run A that is compared (one line)."""
+    with Run(path) as control:
+        missing = sorted({p.rank_a for p in pairs} - set(control.ranks))
+    if missing:
+        raise TraceError(
+            f"--noise {path}: the control run has no rank {missing[0]} (ranks "
+            f"{control.ranks or 'none'}): record it as run A was recorded"
         )
 
 

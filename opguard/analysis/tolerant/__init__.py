@@ -2,28 +2,30 @@
 (another torch build or GPU, TF32, bf16 autocast, another parallel layout), the first op whose
 difference rounding does not explain.
 
-The parts: :mod:`.rule` (the bound), :mod:`.judge` (the judge the walk asks), :mod:`.sources`
+The parts: :mod:`.families` (each op family's bound, and every fact about op names),
+:mod:`.rule` (how differences are judged: the rule, its fallback, a fixed bound), :mod:`.noise`
+(the measured floor of a control run), :mod:`.judge` (the judge the walk asks), :mod:`.sources`
 (where a differing input's values were written), :mod:`.views` (distances through views),
-:mod:`.distance` (two sketches' distance), :mod:`.rounding` (an op's unit roundoff),
+:mod:`.distance` (two sketches' distance), :mod:`.rounding` (an op's unit roundoffs),
 :mod:`.judgement` (what is said of a pair), :mod:`.layout_judge` (runs of other parallel layouts).
 
 The walk is the bitwise diff's (:mod:`opguard.analysis.diff`: the same alignment, ops in execution order); at
 each aligned pair whose outputs differ, :class:`Judge` decides from the tensors' relative
 distances (:mod:`.distance`) whether rounding explains it:
 
-- a non-tensor argument that differs is rounding when it is a number within ``R * u`` of the
-  other run's (a scalar computed from rounded values), else a real change (``argument``); a
-  different RNG state is a real change too;
-- an input that no recorded op produced (data, initial parameters), or that an op of one run
-  only wrote, must be within rounding of its own: ``R * u`` for a leaf, ``A * d + R * u`` for
-  a tensor written by ops of one run only, ``d`` the largest distance of the aligned tensors
-  those ops read (``leaf``, ``structure``); an input an aligned op wrote was judged there,
-  unless that op's output is a view (which judges nothing): views are followed back to where
-  their values were written, and the ops that computed them are the ones named;
-- the outputs' distance ``d_out`` (the largest) must be within ``A * d_in + R * u``, ``d_in``
-  the largest distance of the inputs (0 when they are equal), ``u`` the op's unit roundoff
-  (:mod:`.rounding`); else the op made the difference (``origin``, with its amplification
-  ``d_out / d_in``);
+- a non-tensor argument that differs is rounding when it is a number within a few roundings of
+  the op's precision of the other run's (a scalar computed from rounded values), else a real
+  change (``argument``); a different RNG state is a real change too;
+- an input that no recorded op produced (data, initial parameters) must be within a rounding of
+  its dtype in each run (``leaf``); one that ops of one run only wrote within what those ops'
+  bounds allow from the aligned tensors they read (``structure``); an input an aligned op wrote
+  was judged there, unless that op's output is a view (which judges nothing): views are
+  followed back to where their values were written, and the ops that computed them are named;
+- each output's distance must be within its op family's bound (:mod:`.families`: the op's
+  condition from the recorded norms and stats, times the inputs' largest distance, plus its own
+  rounding, :mod:`.rounding`), or, with a control run (``--noise``, :mod:`.noise`), within
+  :data:`~.rule.NOISE_SAFETY` times the control's distance from run A at that op; else the op
+  made the difference (``origin``, with its amplification ``d_out / d_in``);
 - integer and bool outputs have no distance: where everything else is explained they are a
   comparison flipped by rounded values (counted, reported, explained);
 - with a fixed bound (``--tolerant=REL``) every distance above is compared with ``REL``.
@@ -38,7 +40,8 @@ difference), and each judgement is a few sketch distances; the walk stays linear
 """
 
 from .judge import Judge
-from .judgement import DRIFT_AROUND, Judgement, RankTolerance, Reason
+from .judgement import DRIFT_AROUND, Judged, Judgement, RankTolerance, Reason
+from .noise import NoiseFloor
 from .rule import A_DIVIDING, A_FACTOR, R_FACTOR, Mode, Tolerance, parse_tolerance
 
 __all__ = [
@@ -47,8 +50,10 @@ __all__ = [
     "DRIFT_AROUND",
     "R_FACTOR",
     "Judge",
+    "Judged",
     "Judgement",
     "Mode",
+    "NoiseFloor",
     "RankTolerance",
     "Reason",
     "Tolerance",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from functools import partial
 from numbers import Real
 from typing import Any
 
@@ -13,12 +14,18 @@ from ..divergence.explainer import Alignment, Explainer
 from ..divergence.model import ArgumentDiff, Divergence, differing_arguments
 from ..divergence.model import differing_tensors as differing
 from ..words.verdict import Cause, Kind, Side
+from . import families
 from .distance import EQUAL, Distance, tensor_distance
-from .judgement import DRIFT_AROUND, Judgement, Producers, RankTolerance, Reason
-from .rounding import divides, dtype_unit, op_unit
-from .rule import Tolerance
+from .families import Bound, divides
+from .judgement import DRIFT_AROUND, Judged, Judgement, Producers, RankTolerance, Reason
+from .noise import NoiseFloor
+from .rounding import coarsest, dtype_unit, op_unit, units
+from .rule import ARGUMENT_ROUNDINGS, NOISE_SAFETY, Tolerance
 from .sources import Sources
 from .views import Distances
+
+# A float an op handed to Python (``.item()``): the value of its input, moved.
+RETURNED = Bound("move", 1.0, 0.0)
 
 
 class Judge:
@@ -30,10 +37,12 @@ class Judge:
         tolerance: Tolerance,
         traces: tuple[RankTrace, RankTrace],
         alignment: Alignment,
+        noise: NoiseFloor | None = None,
     ) -> None:
         self.tolerance = tolerance
         self.traces = traces
         self.alignment = alignment
+        self.noise = noise  # --noise: run A's distances from the control run
         self.environments = (traces[0].environment, traces[1].environment)
         self.found = RankTolerance()
         self._first_step: int | None = None
@@ -99,8 +108,8 @@ class Judge:
     ) -> Judgement | None:
         """Rule 2 for ``tensors`` that aligned ops ``op_a``/``op_b`` stand for but ops the
         alignment does not pair wrote (``producers``): a partial sum made whole by a
-        collective one parallel layout has (:mod:`.layout_judge`). They must be within
-        ``A * d + R * u`` of the aligned tensors those ops read; ``what`` names them in the
+        collective one parallel layout has (:mod:`.layout_judge`). They must be within what
+        those ops' bounds allow from the aligned tensors they read; ``what`` names them in the
         judgement's sentence. None when rounding explains them."""
         ta, tb = tensors
         unit = op_unit(op_a, op_b, self.environments)
@@ -110,7 +119,7 @@ class Judge:
             return _unknown(ta.slot, "output", _why_unknown(ta, tb), unit)
         self._drift(op_a, distance.estimate)
         judged = self._source_judgement(
-            ta.slot, tensors, distance, Reason.STRUCTURE, producers, unit, what=what
+            ta.slot, tensors, distance, Reason.STRUCTURE, producers, unit, None, what=what
         )
         if judged is None:
             self.found.explained += 1
@@ -123,7 +132,8 @@ class Judge:
             return Judgement(
                 Reason.ARGUMENT, None, None, None, unit, "the RNG state it consumed differs"
             )
-        limit = self.tolerance.limit(0.0, unit)
+        rel = self.tolerance.rel
+        limit = rel if rel is not None else ARGUMENT_ROUNDINGS * (unit or 0.0)
         for arg in differing_arguments(op_a, op_b):
             distance = _argument_distance(arg)
             if distance is None or distance > limit:
@@ -163,7 +173,9 @@ class Judge:
             if distance is None:
                 return EQUAL, _unknown(d.slot, "input", _why_unknown(ta, tb), unit), ()
             if source is not None:
-                judged = self._source_judgement(d.slot, (ta, tb), distance, source, producers, unit)
+                judged = self._source_judgement(
+                    d.slot, (ta, tb), distance, source, producers, unit, op_a
+                )
                 if judged is not None:
                     return EQUAL, judged, ()
             if d_in.exact or distance.estimate > d_in.estimate:
@@ -190,17 +202,25 @@ class Judge:
         source: Reason,
         producers: Producers,
         unit: float | None,
+        reader: OpRecord | None,
         what: str = "",
     ) -> Judgement | None:
-        own = max((u for t in tensors if (u := dtype_unit(t.dtype)) is not None), default=None)
+        """Rule 2 for an input (of ``reader``, run A's op reading it) that no aligned op
+        wrote: a leaf (made by code no record shows: data, a tensor made before recording)
+        within the fallback rule's rounding of its dtype, a region's output within the bound
+        of the ops of one run only that wrote it (:meth:`Sources.region_bound`)."""
+        own = coarsest(tensors)
+        rel = self.tolerance.rel
         if source is Reason.LEAF:
-            limit = self.tolerance.limit(0.0, own)
+            analytic = self.tolerance.limit(0.0, own)
             what = f"input '{slot}', which no recorded op produced"
         else:
-            region, region_unit, dividing = self.sources.region(producers)
-            unit = max((u for u in (unit, region_unit) if u is not None), default=None)
-            limit = self.tolerance.limit(region, unit, dividing)
+            analytic = (
+                rel if rel is not None else self.sources.region_bound(producers, self._bound_of)
+            )
             what = what or f"input '{slot}', written by ops of one run only"
+        measured = self.noise.input(reader, slot) if self.noise and reader else None
+        limit, judged_by = self._limit(analytic, measured)
         if distance.estimate <= limit:
             return None
         return Judgement(
@@ -210,13 +230,15 @@ class Judge:
             limit,
             own if source is Reason.LEAF else unit,
             f"{what}, differs by {distance.text()} relative, more than rounding explains "
-            f"({limit:.2g})",
+            f"({limit:.2g}){_by(judged_by, measured)}",
             slot=slot,
             tensor=distance,
             producers=(
                 self.sources.computing(Side.A, producers[0]),
                 self.sources.computing(Side.B, producers[1]),
             ),
+            judged_by=judged_by,
+            measured=measured,
         )
 
     def _outputs(
@@ -227,8 +249,12 @@ class Judge:
         unit: float | None,
         discrete: tuple[str, ...],
     ) -> Judgement | None:
-        d_out: Distance | None = None
-        flips = 0
+        """Rule 3: each output within its bound; the one most beyond it is named."""
+        spread = 0.0 if d_in.exact else d_in.estimate
+        positions = {t.slot: at for at, t in enumerate(op_a.outputs)}
+        worst: Judgement | None = None
+        largest: Distance | None = None
+        flips, by_floor = 0, False
         for d in differing(op_a.outputs, op_b.outputs):
             ta, tb = d.a, d.b
             if ta is None or tb is None:
@@ -241,30 +267,89 @@ class Judge:
             distance = tensor_distance(ta, tb)
             if distance is None:
                 return _unknown(d.slot, "output", _why_unknown(ta, tb), unit, d_in)
-            if d_out is None or distance.estimate > d_out.estimate:
-                d_out = distance
+            if largest is None or distance.estimate > largest.estimate:
+                largest = distance
+            found = self._bound(Side.A, (op_a, op_b), ta, tb)
+            position = positions[d.slot]
+            measured = self.noise.output(op_a, position) if self.noise is not None else None
+            analytic = self._analytic(found, spread)
+            if distance.estimate <= analytic:
+                continue
+            limit, judged_by = self._limit(analytic, measured)
+            if distance.estimate <= limit:
+                by_floor = True
+                continue
+            judged = Judgement(
+                Reason.AMPLIFIED,
+                distance,
+                d_in,
+                limit,
+                unit,
+                _amplified_text(distance, d_in, limit, self.tolerance, found.family)
+                + _by(judged_by, measured),
+                discrete_inputs=discrete,
+                family=found.family,
+                judged_by=judged_by,
+                measured=measured,
+            )
+            if worst is None or _excess(judged) > _excess(worst):
+                worst = judged
         returned = _returned_distance(op_a.returned, op_b.returned)
-        if returned is not None and (d_out is None or returned.estimate > d_out.estimate):
-            d_out = returned
-        elif returned is None and op_a.returned != op_b.returned:
-            flips += 1
-        dividing = divides(op_a.op) or divides(op_b.op)
-        budget = self.tolerance.limit(0.0 if d_in.exact else d_in.estimate, unit, dividing)
-        if d_out is not None:
-            self._drift(op_a, d_out.estimate)
-            if d_out.estimate > budget:
-                return Judgement(
+        if returned is not None:
+            largest = returned if largest is None else max(largest, returned, key=_estimate)
+            budget = self._analytic(RETURNED, spread)
+            if worst is None and returned.estimate > budget:
+                worst = Judgement(
                     Reason.AMPLIFIED,
-                    d_out,
+                    returned,
                     d_in,
                     budget,
                     unit,
-                    _amplified_text(d_out, d_in, budget, self.tolerance),
+                    _amplified_text(returned, d_in, budget, self.tolerance, RETURNED.family),
                     discrete_inputs=discrete,
+                    family=RETURNED.family,
+                    judged_by=self._limit(budget, None)[1],
                 )
+        elif op_a.returned != op_b.returned:
+            flips += 1
+        if largest is not None:
+            self._drift(op_a, largest.estimate)
+        if worst is not None:
+            return worst
         self.found.explained += 1
         self.found.flips += flips
+        self.found.measured += by_floor
         return None
+
+    def _analytic(self, found: Bound, d_in: float) -> float:
+        """What ``found`` explains from inputs ``d_in`` apart, or ``--tolerant=REL``."""
+        return self.tolerance.rel if self.tolerance.rel is not None else found.limit(d_in)
+
+    def _limit(self, analytic: float, measured: float | None) -> tuple[float, Judged]:
+        """The larger of the analytic bound and the measured floor, and which it is."""
+        if self.tolerance.rel is not None:
+            return analytic, Judged.FIXED
+        if measured is not None and NOISE_SAFETY * measured > analytic:
+            return NOISE_SAFETY * measured, Judged.MEASURED
+        return analytic, Judged.ANALYTIC
+
+    def _bound(
+        self, side: Side, ops: tuple[OpRecord, ...], out: TensorRecord, *others: TensorRecord
+    ) -> Bound:
+        """The bound of output ``out`` of ``ops[0]``, read from ``side``'s record of it
+        (``ops``: an aligned pair, or one op of one run; ``others``: the output in the other
+        run): its family's, or the fallback rule's."""
+        found = units(ops, (out, *others), self.environments)
+        if found is not None:
+            bounded = families.bound(ops[0], out, found, partial(self.distances.base, side))
+            if bounded is not None:
+                return bounded
+        dividing = any(divides(op.op) for op in ops)
+        return self.tolerance.fallback(found.op if found is not None else None, dividing)
+
+    def _bound_of(self, side: Side, op: OpRecord, slot: int) -> Bound:
+        """The bound of output ``slot`` of ``side``'s op ``op``, an op of one run only."""
+        return self._bound(side, (op,), op.outputs[slot])
 
     def _drift(self, op_a: OpRecord, distance: float) -> None:
         """Keeps ``distance`` as its step's drift where it is the step's largest so far."""
@@ -272,7 +357,27 @@ class Judge:
         drift[op_a.step] = max(drift.get(op_a.step, 0.0), distance)
 
 
-def _amplified_text(d_out: Distance, d_in: Distance, budget: float, tolerance: Tolerance) -> str:
+def _estimate(distance: Distance) -> float:
+    return distance.estimate
+
+
+def _excess(judged: Judgement) -> float:
+    """How far beyond its limit a judged output is (its distance over the limit)."""
+    if judged.output is None or not judged.limit:
+        return math.inf
+    return judged.output.estimate / judged.limit
+
+
+def _by(judged_by: Judged, measured: float | None) -> str:
+    """Which bound said it, where the measured floor did."""
+    if judged_by is not Judged.MEASURED or measured is None:
+        return ""
+    return f" (measured: {NOISE_SAFETY:g}× the control run's {measured:.2g})"
+
+
+def _amplified_text(
+    d_out: Distance, d_in: Distance, budget: float, tolerance: Tolerance, family: str
+) -> str:
     """What exceeded what, in words."""
     if tolerance.rel is not None:
         return f"outputs differ by {d_out.text()} relative, more than {tolerance.rel:g}"
@@ -283,7 +388,8 @@ def _amplified_text(d_out: Distance, d_in: Distance, budget: float, tolerance: T
         f"inputs' {d_in.text()}"
     )
     return (
-        f"outputs differ by {d_out.text()} relative, {source}; rounding explains up to {budget:.2g}"
+        f"outputs differ by {d_out.text()} relative, {source}; rounding explains up to "
+        f"{budget:.2g} ({family} bound)"
     )
 
 

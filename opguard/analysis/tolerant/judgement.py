@@ -16,6 +16,14 @@ Producers = tuple[Producer | None, Producer | None]  # in A, in B
 DRIFT_AROUND = 5  # steps either side of the first divergence in the drift series
 
 
+class Judged(StrEnum):
+    """Which bound judged a pair (the JSON's words)."""
+
+    ANALYTIC = "analytic"  # the family's bound (or the fallback rule) from the recorded norms
+    MEASURED = "measured"  # the control run's distance times the safety factor (--noise)
+    FIXED = "fixed"  # --tolerant=REL
+
+
 class Reason(StrEnum):
     """Why an aligned op's difference is not explained by rounding (the JSON's words)."""
 
@@ -43,6 +51,9 @@ class Judgement:
     tensor: Distance | None = None
     producers: Producers = (None, None)
     discrete_inputs: tuple[str, ...] = ()  # integer/bool inputs that differ (flips upstream)
+    family: str | None = None  # the op family whose bound judged it (families.py)
+    judged_by: Judged = Judged.ANALYTIC
+    measured: float | None = None  # the control run's distance there (--noise), where known
 
     @property
     def amplification(self) -> float | None:
@@ -74,6 +85,9 @@ class Judgement:
             "tensor": self.tensor.to_json() if self.tensor is not None else None,
             "discrete_inputs": list(self.discrete_inputs),
             "text": self.what,
+            "bound": self.judged_by,
+            "family": self.family,
+            "measured": finite(self.measured),
         }
 
 
@@ -85,6 +99,7 @@ class RankTolerance:
 
     explained: int = 0
     flips: int = 0
+    measured: int = 0  # of the explained, those the measured floor explained (--noise)
     first: Judgement | None = None
     drift: dict[int, float] = field(default_factory=dict)
     unknown_steps: set[int] = field(default_factory=set)  # a distance there was unknown

@@ -6,7 +6,7 @@
 - A **reduced** pair (an output is a partial sum in one run) is judged at the output of the
   collective that makes it whole, its logical value, by rule 2: the ops between comparable
   tensors that made it (shards, the partial sum, the collective) are a region whose output must
-  be within ``A * d + R * u`` of the comparable tensors it read.
+  be within what those ops' bounds allow from the comparable tensors it read.
 - A **sharded** pair (an output is a shard of the other run's) is not compared by value: the
   recorder keys a shard's sketch by its local index, so the two sketches do not measure one
   tensor. It belongs to the region of the comparable tensor it feeds, and is counted, so that
@@ -32,6 +32,7 @@ from ..divergence.model import Divergence
 from ..words.verdict import Side
 from .judge import Judge
 from .judgement import Judgement, RankTolerance, Reason
+from .noise import NoiseFloor
 from .rule import Tolerance
 
 LAYOUT_CACHE = 8  # steps whose pairs are kept decoded (producers rarely reach further back)
@@ -162,10 +163,11 @@ class LayoutJudge:
         tolerance: Tolerance,
         traces: tuple[RankTrace, RankTrace],
         alignment: LayoutAlignment,
+        noise: NoiseFloor | None = None,
     ) -> None:
         self.traces = traces
         self.alignment = alignment
-        self._judge = Judge(tolerance, traces, alignment)
+        self._judge = Judge(tolerance, traces, alignment, noise)
 
     @property
     def found(self) -> RankTolerance:

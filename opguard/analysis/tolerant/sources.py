@@ -6,15 +6,19 @@ computed them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ...store import OpRecord, RankTrace, TensorRecord
 from ..align.moves import Reorders
 from ..divergence.explainer import Alignment
 from ..words.verdict import Side
+from .families import ESTIMATE, Bound, data_input, moves
 from .judgement import Producer, Producers, Reason
-from .rounding import data_input, divides, dtype_unit, moves
 from .views import MAX_VIEW_CHAIN, Distances
 
 MAX_REGION = 64  # ops of one run only followed back from an input they wrote
+# The bound of an output of an op of one run only: (its run, the op, the output's position).
+BoundOf = Callable[[Side, OpRecord, int], Bound]
 
 
 class Sources:
@@ -93,36 +97,43 @@ class Sources:
         pair = (index, other) if side is Side.A else (other, index)
         return None if pair in self._unpaired else other
 
-    def region(self, producers: Producers) -> tuple[float, float | None, bool]:
-        """Of the ops of one run only that wrote an input (followed back through other such
-        ops, and through aligned ops whose outputs are views, which judged nothing): the
-        largest distance of the aligned ops' outputs they read, the coarsest unit roundoff of
-        their own tensors (a cast to bfloat16 only one run has rounds at bfloat16), and
-        whether one of them divides by a tensor."""
-        largest, unit, dividing = 0.0, None, False
+    def region_bound(self, producers: Producers, bound_of: BoundOf) -> float:
+        """How far apart rounding may leave an input that ops of one run only wrote (followed
+        back through other such ops, and through aligned ops whose outputs are views, which
+        judged nothing), in each run that has such ops: from the aligned tensors they read
+        (their estimated distance, :data:`~.families.ESTIMATE` times), each op of the region
+        adds what its family's bound allows (``bound_of``: a cast to bfloat16 only one run has
+        rounds at bfloat16); the two runs' regions add up."""
+        total = 0.0
         for side, produced in zip(Side, producers, strict=True):
-            if produced is None:
-                continue
-            trace = self.traces[side.value]
-            pending, seen = [produced], {produced[0]}
-            while pending and len(seen) <= MAX_REGION:
-                index, slot = pending.pop()
-                op = trace.op(index)
-                other = self.partner(side, index)
-                if other is not None and not self._views(side, op, other, slot):
-                    largest = max(largest, self._aligned_distance(side, index, other))
-                    continue
-                if other is None and not moves(op):
-                    dividing = dividing or divides(op.op)
-                    for t in (*op.inputs, *op.outputs):
-                        own = dtype_unit(t.dtype)
-                        if own is not None and (unit is None or own > unit):
-                            unit = own
-                for t in op.inputs:
-                    if t.producer is not None and t.producer[0] not in seen:
-                        seen.add(t.producer[0])
-                        pending.append(t.producer)
-        return largest, unit, dividing
+            if produced is not None:
+                total += self._written(side, produced, bound_of, {})
+        return total
+
+    def _written(
+        self, side: Side, producer: Producer, bound_of: BoundOf, seen: dict[Producer, float]
+    ) -> float:
+        """The bound of the tensor ``producer`` wrote in ``side``'s run (``seen``: the region's
+        tensors bounded so far; past :data:`MAX_REGION` of them, no more is followed)."""
+        if producer in seen:
+            return seen[producer]
+        seen[producer] = 0.0
+        if len(seen) > MAX_REGION:
+            return 0.0
+        index, slot = producer
+        op = self.traces[side.value].op(index)
+        other = self.partner(side, index)
+        if other is not None and not self._views(side, op, other, slot):
+            found = ESTIMATE * self._aligned_distance(side, index, other)
+        else:
+            read = max(
+                (self._written(side, t.producer, bound_of, seen) for t in op.inputs if t.producer),
+                default=0.0,
+            )
+            carried = other is not None or moves(op) or not 0 <= slot < len(op.outputs)
+            found = read if carried else bound_of(side, op, slot).propagate(read)
+        seen[producer] = found
+        return found
 
     def _views(self, side: Side, op: OpRecord, other: int, slot: int) -> bool:
         """Whether output ``slot`` of the aligned pair of ``side``'s ``op`` and the other run's

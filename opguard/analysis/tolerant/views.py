@@ -7,7 +7,7 @@ from __future__ import annotations
 from ...store import OpRecord, RankTrace, TensorRecord
 from ..words.verdict import Side
 from .distance import Distance, tensor_distance
-from .rounding import keeps_every_value
+from .families import keeps_every_value
 
 MAX_VIEW_CHAIN = 16  # views (and moves) followed back to a base, a writer or a computing op
 
@@ -49,24 +49,29 @@ class Distances:
         are then keyed alike."""
         if not (ta.is_view and tb.is_view and (ta.shape, ta.stride) == (tb.shape, tb.stride)):
             return None
-        base_a, base_b = self._base(Side.A, ta), self._base(Side.B, tb)
+        base_a, base_b = self.base(Side.A, ta), self.base(Side.B, tb)
         if base_a is None or base_b is None:
             return None
         return tensor_distance(base_a, base_b)
 
-    def _base(self, side: Side, view: TensorRecord) -> TensorRecord | None:
-        """The nearest entry with a sketch that ``view`` was made from: the tensor its
-        producer wrote, or, where that is a view too, the view op's input."""
+    def base(self, side: Side, view: TensorRecord, *, stats: bool = False) -> TensorRecord | None:
+        """The nearest entry with a sketch (``stats``: with stats, which a view's entry never
+        has) that ``view`` was made from: the tensor its producer wrote, or, where that is a
+        view too, the view op's input."""
+
+        def found(entry: TensorRecord) -> bool:
+            return (entry.stats if stats else entry.sketch) is not None
+
         entry = view
         for _ in range(MAX_VIEW_CHAIN):
-            if entry.sketch is not None:
+            if found(entry):
                 return entry
             if entry.producer is None:
                 return None
             op = self.traces[side.value].op(entry.producer[0])
             slot = entry.producer[1]
             written = op.outputs[slot] if 0 <= slot < len(op.outputs) else None
-            if written is not None and written.sketch is not None:
+            if written is not None and found(written):
                 return written
             if not op.inputs:
                 return None
