@@ -168,6 +168,21 @@ class RecordOptions:
             "records of all), so the trace stays bounded however long the run",
         ).metadata,
     )
+    perturb_rounding: int | None = field(
+        default=None,
+        metadata=Switch(
+            flag="--perturb-rounding",
+            kind="integer",
+            metavar="SEED",
+            minimum=0,
+            mode=True,
+            op_level=True,
+            help="a control run for opguard diff --tolerant --noise: CHANGES THIS RUN'S NUMBERS "
+            "BY DESIGN, moving the results of the ops another implementation rounds "
+            "otherwise (maths functions, sums, matmuls, normalizations) by one unit in the "
+            "last place, at random from SEED",
+        ).metadata,
+    )
     capture: CaptureSpec | None = field(
         default=None,
         metadata=Switch(

@@ -10,6 +10,7 @@ from one call, whatever the trace.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 from collections.abc import Callable, Mapping
@@ -80,6 +81,19 @@ class Param:
         if self.maximum is not None and value > self.maximum:
             raise ToolError(f"{self.name} must be at most {self.maximum:g}, not {value}")
         return value
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        """This parameter as a switch of a command's own parser (a command that declares its
+        arguments itself takes a tool's parameter so, with the tool's words)."""
+        assert self.flag is not None, f"{self.name} is positional"
+        if self.kind == "boolean":
+            parser.add_argument(self.flag, dest=self.name, action="store_true", help=self.help)
+            return
+        convert = {"integer": int, "number": float}.get(self.kind, str)
+        metavar = self.name.upper()
+        parser.add_argument(
+            self.flag, dest=self.name, type=convert, metavar=metavar, help=self.help
+        )
 
     def usage(self) -> str:
         word = self.name.upper()

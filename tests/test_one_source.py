@@ -65,6 +65,7 @@ def test_every_option_survives_its_switches() -> None:
         keep_last=2,
         capture=CaptureSpec.parse("3,7-9"),
         capture_limit=1 << 20,
+        perturb_rounding=5,
     )
     # every option but --steps-only (which refuses the op-level ones) differs from its default
     unset = {f.name for f in fields(every) if getattr(every, f.name) == f.default}

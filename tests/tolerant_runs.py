@@ -1,10 +1,12 @@
-"""The recorded runs of issue 30's CPU pairs (scripts in ``tests/data/tolerant/``): each run's
-command line, and one function that records any set of them at once (each recording is mostly
-interpreter start-up and ``import torch``). Pairs that differ by rounding alone: fp32 / bf16,
-tp1 / tp2, and on the CPU the GPU script's gpt / gpt_fused (AdamW) and gpt / gpt_flash
-(attention backend); real changes behind them: bf16 / bf16_eps, tp1 or tp2 / tp2_bug,
-gpt_flash / gpt_scale, and mlp / mlp_momentum (the cross-version script, momentum changed at
-step 1).
+"""The recorded runs of issue 30's and issue 38's CPU pairs (scripts in ``tests/data/tolerant/``):
+each run's command line, and one function that records any set of them at once (each recording
+is mostly interpreter start-up and ``import torch``). Pairs that differ by rounding alone: fp32 /
+bf16, tp1 / tp2, on the CPU the GPU script's gpt / gpt_fused (AdamW) and gpt / gpt_flash
+(attention backend), adam / adam_perturbed and solve / solve_perturbed (one-ulp noise on the ops
+that round: ``opguard record --perturb-rounding``, :data:`RECORD_OPTIONS`); real changes behind
+them: bf16 / bf16_eps, bf16 / bf16_nudge (a weight changed through NumPy), tp1 or tp2 / tp2_bug,
+gpt_flash / gpt_scale, mlp / mlp_momentum (the cross-version script, momentum changed at step
+1) and solve / solve_nudge. solve_control is the control run of ``--noise``.
 
 Test code, not shipped: tests import it, and benchmarks (``bench/tolerant_pairs.py``) put
 ``tests/`` on ``sys.path``.
@@ -22,6 +24,8 @@ AUTOCAST = SCENARIOS / "autocast_block.py"
 TP_MLP = SCENARIOS / "tp_mlp.py"
 GPT = SCENARIOS.parent.parent / "cuda_scenarios" / "gpt_numerics.py"
 MLP = SCENARIOS.parent / "cross_version" / "mlp.py"
+ADAM = SCENARIOS / "adam_bn.py"
+SOLVE = SCENARIOS / "solve.py"
 
 # run name -> (ranks, the script and its arguments)
 RUNS: dict[str, tuple[int, tuple[str, ...]]] = {
@@ -37,13 +41,27 @@ RUNS: dict[str, tuple[int, tuple[str, ...]]] = {
     "gpt_scale": (1, (str(GPT), "--backend", "flash", "--scale", "0.2")),
     "mlp": (1, (str(MLP),)),
     "mlp_momentum": (1, (str(MLP), "--momentum-from-step-1", "0.8")),
+    "bf16_nudge": (1, (str(AUTOCAST), "--autocast", "--nudge", "1e-2")),
+    "adam": (1, (str(ADAM),)),
+    "adam_perturbed": (1, (str(ADAM),)),
+    "solve": (1, (str(SOLVE),)),
+    "solve_perturbed": (1, (str(SOLVE),)),
+    "solve_control": (1, (str(SOLVE),)),
+    "solve_nudge": (1, (str(SOLVE), "--nudge", "1e-2")),
+}
+# opguard record's own options of a run: the runs that perturb rounding (each its own seed)
+RECORD_OPTIONS: dict[str, tuple[str, ...]] = {
+    "adam_perturbed": ("--perturb-rounding", "1"),
+    "solve_perturbed": ("--perturb-rounding", "1"),
+    "solve_control": ("--perturb-rounding", "2"),
 }
 
 
 def record_command(name: str, run_dir: Path, options: tuple[str, ...] = ()) -> list[str]:
     """``opguard record OPTIONS`` of run ``name`` into ``run_dir``, as a user types it
-    (torchrun for the two-rank runs)."""
+    (torchrun for the two-rank runs), with the run's own options (:data:`RECORD_OPTIONS`)."""
     ranks, script = RUNS[name]
+    options = (*options, *RECORD_OPTIONS.get(name, ()))
     launcher: tuple[str, ...] = ()
     if ranks > 1:
         torchrun = str(Path(sys.executable).with_name("torchrun"))

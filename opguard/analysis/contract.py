@@ -229,7 +229,13 @@ def rank_json(r: RankDiff) -> dict[str, Any]:
         "level": "op" if r.ops_compared else "step",
         "step_level": _states_json(r.states),
         **(
-            {"rounding": {"explained": r.tolerance.explained, "flips": r.tolerance.flips}}
+            {
+                "rounding": {
+                    "explained": r.tolerance.explained,
+                    "flips": r.tolerance.flips,
+                    "measured": r.tolerance.measured,
+                }
+            }
             if r.tolerance is not None
             else {}
         ),

@@ -174,10 +174,12 @@ def _print_tolerance(result: RunDiff) -> None:
     assert tolerance is not None
     found = [r.tolerance for r in result.ranks if r.tolerance is not None]
     explained, flips = sum(t.explained for t in found), sum(t.flips for t in found)
+    measured = sum(t.measured for t in found)
     flipped = f", {flips} of them integer/bool flips" if flips else ""
+    floor = f", {measured} by the control run's measured floor" if tolerance.noise else ""
     console.print(
         f"  tolerant ({tolerance.mode}: {escape(tolerance.text())}): {explained} differing "
-        f"aligned op(s) explained by rounding{flipped}"
+        f"aligned op(s) explained by rounding{flipped}{floor}"
     )
     layouts = [r.layout for r in result.ranks if r.layout is not None]
     if layouts:
@@ -205,6 +207,8 @@ def _print_judgement(judged: Judgement) -> None:
     output, tensor = judged.output, judged.tensor
     limit = "?" if judged.limit is None else f"{judged.limit:.1e}"
     unit = f" (u = {judged.unit:.1e})" if judged.unit else ""
+    family = f" {judged.family}" if judged.family else ""
+    limit += f" (the {judged.judged_by}{family} bound)"
     if output is not None:
         source = judged.input.text() if judged.input is not None else "unknown"
         norms = (

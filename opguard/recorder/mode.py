@@ -29,6 +29,7 @@ from .capture import Capturer
 from .collectives import wait
 from .kernels import KernelActivity
 from .ops import OpInfo, op_info
+from .perturb import Perturbation
 from .tensors import PLAIN_TENSORS, entry_recorder
 
 _BACKWARD = schema.PHASES.index("backward")
@@ -107,6 +108,8 @@ class OpRecorder(TorchDispatchMode):
         self._in_flight = False
         self._kernels: KernelActivity | None = None
         self.capture: Capturer | None = None  # set by record --capture
+        # set by record --perturb-rounding: ops that round by implementation move their results
+        self.perturbation: Perturbation | None = None
         self.active = True  # recording ops (False: passing them through, paused or stopped)
         self.stopped = False  # for good: a failure, or the step limit
 
@@ -193,7 +196,9 @@ class OpRecorder(TorchDispatchMode):
                 return NotImplemented
         if info is None:
             try:
-                info = self.info_for(func, lambda: op_info(func, self._writer.intern_name))
+                info = self.info_for(
+                    func, lambda: self._perturbed(op_info(func, self._writer.intern_name))
+                )
             except Exception as exc:
                 self.fail(exc)
                 return func(*args, **kwargs)
@@ -204,6 +209,8 @@ class OpRecorder(TorchDispatchMode):
             caller = None
         if info.plain and self.capture is None and self._writer.error is None:
             return self._calls.call(info.plan, info.name_id, info.run, args, kwargs, caller)
+        if self.perturbation is not None:
+            func = info.run  # the perturbed call, where the op is perturbed
         if not info.is_collective:
             return self.record_call(info, func, args, kwargs, caller=caller)
         # An output still in flight is fingerprinted by its first reader, not here.
@@ -317,6 +324,10 @@ class OpRecorder(TorchDispatchMode):
         """The files of the call sites recorded so far (whose packages the run's environment
         names)."""
         return self._sites.files()
+
+    def _perturbed(self, info: OpInfo) -> OpInfo:
+        """``info``, its call perturbed where this run perturbs rounding."""
+        return info if self.perturbation is None else self.perturbation.wrap(info)
 
     def info_for(self, key: Any, build: Callable[[], OpInfo]) -> OpInfo:
         """The cached :class:`OpInfo` of ``key`` (an ATen overload, a compiled region, a

@@ -33,6 +33,7 @@ from .environment import environment
 from .kernels import KernelActivity
 from .mode import OpRecorder, StepState, TraceWriteFailed, failure_info
 from .op_level import OpLevel
+from .perturb import Perturbation
 from .ranks import distributed_info, env_rank, prepared_by_parent, wait_for_rank0
 from .step_records import StepRecorder
 from .termination import Terminated, catch_sigterm, die_of_sigterm, release_sigterm
@@ -124,6 +125,7 @@ class RecordingSession:
         self._stopped_reason: str | None = None
         self.eager = chosen.eager
         self.verify_inputs = chosen.verify_inputs
+        self.perturb_rounding = chosen.perturb_rounding
         self._compile_settings = compiled.CompileSettings(
             chosen.eager, regions=not chosen.steps_only
         )
@@ -173,6 +175,8 @@ class RecordingSession:
         """The op recorder, its GPU activity collection and the settings it runs best with."""
         self._recorder = OpRecorder(self.writer, self.state, self._on_failure)
         self._recorder.verify_inputs = self.verify_inputs
+        if self.perturb_rounding is not None:
+            self._recorder.perturbation = Perturbation(self.perturb_rounding)
         if self.capture is not None:
             self._capturer = Capturer(self.capture, self.capture_limit, self.writer)
             self._recorder.capture = self._capturer
@@ -465,6 +469,7 @@ def record(
     first_step: int = 0,
     window: tuple[int, int] | None = None,
     keep_last: int | None = None,
+    perturb_rounding: int | None = None,
 ) -> RecordingSession:
     """Records every op run inside the ``with`` block into ``run_dir``, and the training state
     at every step boundary.
@@ -481,6 +486,9 @@ def record(
     Long runs: ``steps_only`` records no op, only the step-level state; ``window=(START,
     STOP)`` records ops only in steps START to STOP-1; ``keep_last=N`` keeps the ops of the
     last N completed steps only. Options that cannot go together raise ``ValueError``.
+
+    ``perturb_rounding=SEED`` makes this run a control for ``opguard diff --tolerant --noise``:
+    it changes the run's numbers by design (:mod:`opguard.recorder.perturb`).
     """
     return RecordingSession(
         run_dir,
@@ -495,6 +503,7 @@ def record(
         first_step=first_step,
         window=window,
         keep_last=keep_last,
+        perturb_rounding=perturb_rounding,
     )
 
 

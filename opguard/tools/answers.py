@@ -416,13 +416,16 @@ def kernels(args: dict[str, Any]) -> Pages:
 # -- the diff ---------------------------------------------------------------------------------
 
 
-def tolerance_of(tolerant: str | None) -> Tolerance | None:
-    """The ``tolerant`` argument of the diff and explain tools: None (bit for bit), ``auto``
-    or a relative bound; a :class:`ToolError` for anything else."""
+def tolerance_of(tolerant: str | None, noise: str | None = None) -> Tolerance | None:
+    """The ``tolerant`` and ``noise`` arguments of the diff and explain tools: None (bit for
+    bit), ``auto`` (with a control run, ``noise``) or a relative bound; a :class:`ToolError`
+    for anything else."""
     if tolerant is None:
+        if noise is not None:
+            raise ToolError("--noise is a floor for --tolerant's rule: add --tolerant")
         return None
     try:
-        return parse_tolerance(tolerant)
+        return parse_tolerance(tolerant, noise)
     except ValueError as exc:
         raise ToolError(str(exc)) from None
 
@@ -430,7 +433,7 @@ def tolerance_of(tolerant: str | None) -> Tolerance | None:
 def diff(args: dict[str, Any]) -> Pages:
     """The ``opguard.diff/1`` object (``brief``: without ops given twice); the per-step lists
     of its ranks are the pages."""
-    tolerance = tolerance_of(args["tolerant"])
+    tolerance = tolerance_of(args["tolerant"], args["noise"])
     with _runs(args["run_a"], args["run_b"]) as (run_a, run_b):
         found = diff_runs(run_a, run_b, rank=args["rank"], step=args["step"], tolerance=tolerance)
         whole = to_json(found)

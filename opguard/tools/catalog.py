@@ -23,6 +23,14 @@ TOLERANT = Param(
     "than that relative distance (default: bit for bit)",
     "--tolerant",
 )
+NOISE = Param(
+    "noise",
+    "string",
+    "with tolerant 'auto': a control run of run A's script whose rounding was perturbed "
+    "(opguard record --perturb-rounding SEED, another thread count): a difference within "
+    "8x the control's distance from run A at that op is rounding too",
+    "--noise",
+)
 # The zoom commands (tensor, replay) name run A's op with --op and default to rank 0.
 OP = Param(
     "index",
@@ -82,6 +90,7 @@ TOOLS: tuple[Tool, ...] = (
             RANK,
             STEP,
             TOLERANT,
+            NOISE,
             Param(
                 "brief",
                 "boolean",
@@ -200,6 +209,7 @@ TOOLS: tuple[Tool, ...] = (
             RANK,
             STEP,
             TOLERANT,
+            NOISE,
             Param("model", "string", "LiteLLM model string; none: offline reading only", "--model"),
             Param(
                 "budget",

@@ -41,6 +41,7 @@ def explain(args: dict[str, Any]) -> dict[str, Any]:
         flags,
         args["question"],
         tolerant=args["tolerant"],
+        noise=args["noise"],
     )
     return brief_report(report)
 
@@ -54,14 +55,16 @@ def explain_report(
     question: str | None,
     *,
     tolerant: str | None = None,
+    noise: str | None = None,
     opening: Callable[[Session], None] | None = None,
 ) -> tuple[dict[str, Any], int]:
     """The ``opguard.explain/1`` report and the exit status. ``tolerant``: ``--tolerant``'s
-    value (the diff judges differences against rounding). With ``opening`` (the CLI's
-    printing of the bundle or the limits), the conversation is printed as it happens too."""
+    value (the diff judges differences against rounding), ``noise`` its control run. With
+    ``opening`` (the CLI's printing of the bundle or the limits), the conversation is printed
+    as it happens too."""
     from ..agent import BudgetRefused, ConfigError, ProviderError, open_session, resolve_settings
 
-    tolerance = tolerance_of(tolerant)
+    tolerance = tolerance_of(tolerant, noise)
     with Run(path_a) as run_a, Run(path_b) as run_b:
         result = diff_runs(run_a, run_b, rank=rank, step=step, tolerance=tolerance)
         try:

@@ -52,6 +52,8 @@ class Comparison:
         self, path_a: Path, path_b: Path, rank: int, tolerance: Tolerance | None = None
     ) -> None:
         tolerant = [] if tolerance is None else [tolerance.argument()]
+        if tolerance is not None and tolerance.noise is not None:
+            tolerant.append(str(Path(tolerance.noise).resolve()))
         self._process = subprocess.Popen(
             [
                 sys.executable,
@@ -94,5 +96,6 @@ class Comparison:
 
 
 if __name__ == "__main__":
-    tolerance = parse_tolerance(sys.argv[4]) if len(sys.argv) > 4 else None
+    noise = sys.argv[5] if len(sys.argv) > 5 else None
+    tolerance = parse_tolerance(sys.argv[4], noise) if len(sys.argv) > 4 else None
     compare(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.stdout.buffer, tolerance)

@@ -212,10 +212,12 @@ class OpView:
         return self._args.get(name)
 
     def norm(self, t: TensorRecord) -> float:
-        sketch = (t if t.sketch is not None else self._read(t)).sketch
-        if sketch is None:
+        """``t``'s L2 norm; a view without a sketch of its own has its base's, repeated as
+        often as the view repeats it (an expanded view), or all of it (a slice: at most)."""
+        read = t if t.sketch is not None else self._read(t)
+        if read.sketch is None:
             raise Missing(f"norm of {t.slot}")
-        return float(sketch.norm)
+        return float(read.sketch.norm) * _bcast(t, read)
 
     def rms(self, t: TensorRecord) -> float:
         """The root mean square of ``t``'s values (of its base's, for a view)."""

@@ -28,7 +28,11 @@ AUTO = "auto"  # --tolerant without a value: the rounding rule (analysis.toleran
 
 
 def add_tolerant(parser: argparse.ArgumentParser) -> None:
-    """``--tolerant[=REL]`` (``opguard diff``, ``opguard explain``, ``opguard tui``)."""
+    """``--tolerant[=REL]`` and its ``--noise CONTROL`` (``opguard diff``, ``opguard explain``,
+    ``opguard tui``); ``--noise`` as the tools declare it."""
+    from ...tools.catalog import NOISE
+
+    NOISE.add_to(parser)
     parser.add_argument(
         TOLERANT,
         nargs="?",
@@ -64,15 +68,14 @@ def word_after_tolerant(argv: list[str]) -> tuple[int, str] | None:
 
 
 def tolerance_of(args: argparse.Namespace) -> Tolerance | None:
-    """The tolerance ``--tolerant`` asked for (None without it); a bad value is a
-    :class:`CommandError`."""
-    if args.tolerant is None:
-        return None
-    from ...analysis.tolerant.rule import parse_tolerance
+    """The tolerance ``--tolerant`` (and ``--noise``) asked for (None without it); a bad
+    value is a :class:`CommandError`."""
+    from ...tool_registry import ToolError
+    from ...tools.answers import tolerance_of as checked
 
     try:
-        return parse_tolerance(args.tolerant)
-    except ValueError as exc:
+        return checked(args.tolerant, args.noise)
+    except ToolError as exc:
         raise CommandError(str(exc)) from None
 
 

@@ -1,5 +1,6 @@
-"""``opguard diff RUN_A RUN_B [--rank K] [--step S] [--tolerant[=REL]] [--json [--brief]
-[--offset N] [--limit N]]``: exit 0 identical (or within rounding), 1 diverged."""
+"""``opguard diff RUN_A RUN_B [--rank K] [--step S] [--tolerant[=REL] [--noise CONTROL]]
+[--json [--brief] [--offset N] [--limit N]]``: exit 0 identical (or within rounding), 1
+diverged."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     tolerance = tolerance_of(args)
     if paged or args.brief:
         # Bounded in size, a page of the per-step lists: the diff tool's answer.
-        keys = ("run_a", "run_b", "rank", "step", "tolerant", "brief", "offset", "limit")
+        keys = ("run_a", "run_b", "rank", "step", "tolerant", "noise", "brief", "offset", "limit")
         answer = call_tool("diff", {k: getattr(args, k) for k in keys})
         print_json(answer)
         return EXIT_STATUS[answer["verdict"]]

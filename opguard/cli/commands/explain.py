@@ -110,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         flags,
         args.question,
         tolerant=args.tolerant,
+        noise=args.noise,
         opening=None if args.json else _print_opening,
     )
     if args.json:

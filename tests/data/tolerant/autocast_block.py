@@ -4,10 +4,14 @@ the CPU, seeded: the bf16-autocast-against-fp32 pair of issue 30.
     autocast_block.py                     # fp32
     autocast_block.py --autocast          # the same model under torch.autocast("cpu", bfloat16)
     autocast_block.py --autocast --eps 1e-3   # and a real change: the first LayerNorm's eps
+    autocast_block.py --autocast --nudge 1e-2 # another: one weight changed through NumPy
 
 Recorded with and without ``--autocast``, every op differs by bf16 rounding from the first
 matmul on; the pair is expected to be within rounding. ``--eps`` (default 1e-5, the LayerNorm
-default) changes one argument inside it: a real change the tolerant diff must name.
+default) changes one argument inside it: a real change the tolerant diff must name. ``--nudge
+REL`` (default 0) adds REL times the norm of the attention's ``qkv.weight`` to its first element
+through NumPy after step 0: a real change of REL relative that no recorded op makes, first read
+by autocast's cast of the weight in step 1.
 """
 
 import argparse
@@ -41,6 +45,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--autocast", action="store_true", help="bf16 autocast on the CPU")
     parser.add_argument("--eps", type=float, default=1e-5, help="the first LayerNorm's eps")
+    parser.add_argument("--nudge", type=float, default=0.0, help="qkv.weight changed after step 0")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = nn.Sequential(Block(args.eps), nn.LayerNorm(WIDTH), nn.Linear(WIDTH, 10))
@@ -58,6 +63,9 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         print(f"step {step} loss {loss.item():.6f}")
+        if step == 0 and args.nudge:
+            weight = model[0].qkv.weight.detach()
+            weight.numpy().flat[0] += args.nudge * float(weight.norm())
 
 
 if __name__ == "__main__":
