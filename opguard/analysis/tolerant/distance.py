@@ -29,9 +29,29 @@ from typing import Any
 from ...store import sketch as stored
 from ...store.records import TensorRecord
 
-# Chi-square quantiles with BUCKETS (14) degrees of freedom: P(X <= q) = 0.05 and 0.95.
-CHI2_05, CHI2_95 = 6.5706, 23.6848
-assert stored.BUCKETS == 14, "the quantiles above are for 14 degrees of freedom"
+# Chi-square quantiles with k = 1 .. BUCKETS (14) degrees of freedom: P(X <= q) = 0.05 and 0.95.
+# A tensor of G groups of elements spreads its difference over min(G, 14) buckets at most: a
+# small one (a LayerNorm's statistics, a bias of a few elements) is measured by fewer
+# independent buckets, and its estimate is the less certain (one group: a single signed sum of
+# its elements' differences, which may nearly cancel).
+CHI2 = {
+    1: (0.003932, 3.8415),
+    2: (0.1026, 5.9915),
+    3: (0.3518, 7.8147),
+    4: (0.7107, 9.4877),
+    5: (1.1455, 11.0705),
+    6: (1.6354, 12.5916),
+    7: (2.1673, 14.0671),
+    8: (2.7326, 15.5073),
+    9: (3.3251, 16.9190),
+    10: (3.9403, 18.3070),
+    11: (4.5748, 19.6751),
+    12: (5.2260, 21.0261),
+    13: (5.8919, 22.3620),
+    14: (6.5706, 23.6848),
+}
+assert stored.BUCKETS == max(CHI2), "the quantiles above are for 14 buckets"
+CHI2_05, CHI2_95 = CHI2[stored.BUCKETS]
 LOW = math.sqrt(stored.BUCKETS / CHI2_95)  # the interval's lower end as a factor of sqrt(S)
 HIGH = math.sqrt(stored.BUCKETS / CHI2_05)
 NORM_ROUNDING = 2.0**-24  # the stored norms are float32
@@ -54,6 +74,14 @@ class Distance:
     resolved: bool
     exact: bool = False
     bound: bool = False  # at most ``estimate``: bounded by other tensors, not measured
+
+    @property
+    def spread(self) -> float:
+        """The distance a bound built on this one starts from: the estimate, or where the
+        tensor is too small for its sketch to average its difference over every bucket, the
+        upper end of its interval brought to where a whole sketch's would be (its estimate may
+        be an order of magnitude low)."""
+        return max(self.estimate, self.high / HIGH) if not self.exact else 0.0
 
     def text(self) -> str:
         """``3.2e-07 (2.5e-07–4.7e-07)``, ``≤ 3.0e-08`` below the floor or for a bound, ``0``
@@ -88,8 +116,11 @@ def finite(value: float | None) -> float | str | None:
 EQUAL = Distance(0.0, 0.0, 0.0, 0.0, None, None, True, exact=True)
 
 
-def sketch_distance(a: stored.Sketch, b: stored.Sketch) -> Distance | None:
-    """The distance of two sketches; None when either estimates nothing (saturated)."""
+def sketch_distance(
+    a: stored.Sketch, b: stored.Sketch, numel: int | None = None
+) -> Distance | None:
+    """The distance of two sketches of tensors of ``numel`` elements (unknown: as many as
+    fill every bucket); None when either estimates nothing (saturated)."""
     if a.saturated or b.saturated:
         return None
     squares = math.fsum((x - y) ** 2 for x, y in zip(a.buckets, b.buckets, strict=True))
@@ -103,8 +134,10 @@ def sketch_distance(a: stored.Sketch, b: stored.Sketch) -> Distance | None:
     scale = 1.0 / a.norm
     floor = quantization * scale
     resolved = root > quantization
-    low = max(LOW * root, from_norms) * scale if resolved else from_norms * scale
-    high = max(HIGH * root * scale, floor, low)
+    k = stored.BUCKETS if numel is None else max(1, min(stored.BUCKETS, -(-numel // stored.GROUP)))
+    q05, q95 = CHI2[k]
+    low = max(math.sqrt(k / q95) * root, from_norms) * scale if resolved else from_norms * scale
+    high = max(math.sqrt(k / q05) * root * scale, floor, low)
     estimate = max(root * scale, low, floor)
     return Distance(estimate, low, high, floor, a.norm, b.norm, resolved)
 
@@ -123,7 +156,7 @@ def tensor_distance(a: TensorRecord, b: TensorRecord) -> Distance | None:
     counts = _non_finite(a), _non_finite(b)
     if None not in counts and counts[0] != counts[1]:  # a NaN or Inf in one run only
         return Distance(math.inf, math.inf, math.inf, 0.0, sa.norm, sb.norm, True)
-    return sketch_distance(sa, sb)
+    return sketch_distance(sa, sb, math.prod(a.shape))
 
 
 def _non_finite(t: TensorRecord) -> tuple[Any, ...] | None:

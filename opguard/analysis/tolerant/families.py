@@ -157,10 +157,17 @@ class OpView:
     """One op's record as a family reads it: its inputs by slot, its arguments by name, and each
     tensor's numel, norm and stats (a view's from its base). Ops on lists (``_foreach_*``) are
     read one element at a time: ``element`` is the list index of the output judged, and an
-    input ``self`` is ``self[element]`` where the op has one."""
+    input ``self`` is ``self[element]`` where the op has one.
 
-    def __init__(self, op: OpRecord, base: Base, element: int | None) -> None:
+    Norms are this run's (distances are relative to run A's tensors). Stats span both runs
+    where ``partner`` (the other run's view of the aligned op) is given: a slope must hold over
+    the whole way from one run's value to the other's, so over both ranges."""
+
+    def __init__(
+        self, op: OpRecord, base: Base, element: int | None, partner: OpView | None = None
+    ) -> None:
         self.op = op
+        self.partner = partner
         self.name = family(op.op)
         self.overload = op.op.rpartition(".")[2]
         self._base = base
@@ -226,11 +233,29 @@ class OpView:
         return self.norm(read) / math.sqrt(numel) if numel else 0.0
 
     def stats(self, t: TensorRecord) -> tuple[float, float, float]:
-        """(min, max, absmax) of ``t``'s finite values (its base's, for a view)."""
+        """(min, max, absmax) of ``t``'s finite values (its base's, for a view), in both runs
+        where the other run's op is known."""
+        lo, hi, amax = self._own_stats(t)
+        partner = self.partner
+        twin = partner._twin(t, self.op) if partner is not None else None
+        if partner is None or twin is None:
+            return lo, hi, amax
+        try:
+            other = partner._own_stats(twin)
+        except Missing:
+            return lo, hi, amax
+        return min(lo, other[0]), max(hi, other[1]), max(amax, other[2])
+
+    def _own_stats(self, t: TensorRecord) -> tuple[float, float, float]:
         stats = (t if t.stats is not None else self._read(t, stats=True)).stats
         if stats is None or len(stats) < 4:
             raise Missing(f"stats of {t.slot}")
         return float(stats[0]), float(stats[1]), float(stats[3])
+
+    def _twin(self, t: TensorRecord, op: OpRecord) -> TensorRecord | None:
+        """This op's tensor in ``t``'s place in ``op`` (the other run's record of it)."""
+        mine = self.op.inputs if any(x is t for x in op.inputs) else self.op.outputs
+        return next((x for x in mine if x.slot == t.slot), None)
 
     def absmax(self, t: TensorRecord) -> float:
         return self.stats(t)[2]
@@ -466,7 +491,10 @@ def _transcendental(view: OpView, out: TensorRecord, units: Units) -> Bound:
     L ||x - y||`` with ``L`` the largest slope on the input's recorded range, relative to the
     output's norm. A library rounds within a few ulp: ``RHO_LIBM`` u."""
     x = view.need("self")
-    lo, hi, amax = view.stats(x)
+    try:
+        lo, hi, amax = view.stats(x)
+    except Missing:  # a slope that needs no stats (tanh's) is still known
+        lo = hi = amax = math.nan
     if view.name == "pow":
         p = view.scalar("exponent")
         if p >= 1 or float(p).is_integer():
@@ -479,6 +507,8 @@ def _transcendental(view: OpView, out: TensorRecord, units: Units) -> Bound:
             slope = abs(p) * lo ** (p - 1) if lo > 0 else math.inf
     else:
         slope = TRANSCENDENTAL[view.name](lo, hi, amax)
+    if math.isnan(slope):
+        raise Missing(f"stats of {x.slot}")
     kappa = _ratio(slope * view.norm(x), view.norm(out))
     return Bound("transcendental", kappa, RHO_LIBM * units.op)
 
@@ -940,14 +970,22 @@ def element_of(op: str, slot: str) -> int | None:
     return int(slot) if base_name(op).startswith("_foreach_") and slot.isdigit() else None
 
 
-def bound(op: OpRecord, out: TensorRecord, units: Units, base: Base) -> Bound | None:
-    """The bound of output ``out`` of ``op`` (read from this run's record of it); None where
-    the op is outside the table or its family cannot read what it needs (the fallback rule
-    then judges it)."""
+def bound(
+    op: OpRecord,
+    out: TensorRecord,
+    units: Units,
+    base: Base,
+    other: tuple[OpRecord, Base] | None = None,
+) -> Bound | None:
+    """The bound of output ``out`` of ``op`` (read from this run's record of it, and the
+    other run's of the aligned op, ``other``, with its bases); None where the op is outside
+    the table or its family cannot read what it needs (the fallback rule then judges it)."""
     found = _BY_OP.get(family(op.op))
     if found is None:
         return None
-    view = OpView(op, base, element_of(op.op, out.slot))
+    element = element_of(op.op, out.slot)
+    partner = OpView(other[0], other[1], element) if other is not None else None
+    view = OpView(op, base, element, partner)
     try:
         return found.bound(view, out, units)
     except (Missing, ZeroDivisionError, OverflowError, ValueError, IndexError, TypeError):

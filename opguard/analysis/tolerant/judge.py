@@ -250,7 +250,7 @@ class Judge:
         discrete: tuple[str, ...],
     ) -> Judgement | None:
         """Rule 3: each output within its bound; the one most beyond it is named."""
-        spread = 0.0 if d_in.exact else d_in.estimate
+        spread = d_in.spread
         positions = {t.slot: at for at, t in enumerate(op_a.outputs)}
         worst: Judgement | None = None
         largest: Distance | None = None
@@ -341,7 +341,9 @@ class Judge:
         run): its family's, or the fallback rule's."""
         found = units(ops, (out, *others), self.environments)
         if found is not None:
-            bounded = families.bound(ops[0], out, found, partial(self.distances.base, side))
+            other = (ops[1], partial(self.distances.base, Side.B)) if len(ops) > 1 else None
+            base = partial(self.distances.base, side)
+            bounded = families.bound(ops[0], out, found, base, other)
             if bounded is not None:
                 return bounded
         dividing = any(divides(op.op) for op in ops)

@@ -62,7 +62,7 @@ class Tolerance:
         """The fallback rule as a bound (its amplification holds the sketches' estimate
         factor, as the measured constants did)."""
         amplification = max(self.amplification, A_DIVIDING) if dividing else self.amplification
-        return Bound("unknown", amplification / ESTIMATE, self.roundings * (unit or 0.0))
+        return Bound("fallback", amplification / ESTIMATE, self.roundings * (unit or 0.0))
 
     def argument(self) -> str:
         """``--tolerant``'s value that parses back to this tolerance."""

@@ -162,7 +162,7 @@ class Sources:
         for ta, tb in zip(ops[0].outputs, ops[1].outputs, strict=False):
             distance = self.distances.between(ta, tb)
             if distance is not None:
-                largest = max(largest, distance.estimate)
+                largest = max(largest, distance.spread)
         return largest
 
 
