@@ -107,7 +107,7 @@ def test_a_noise_control_explains_what_the_bounds_cannot_and_still_names_a_real_
     assert analytic["a"]["op"] == "aten::_linalg_solve_ex.default"
     assert (analytic["distance"]["bound"], analytic["distance"]["family"]) == (
         "analytic",
-        "unknown",
+        "fallback",
     )
     control = str(runs["solve_control"])
     measured = tolerant(runs, "solve", "solve_perturbed", "--noise", control)

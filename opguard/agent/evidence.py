@@ -142,7 +142,12 @@ def _tolerance_lines(result: RunDiff, judged: Judgement | None) -> list[str]:
             )
             if distance is not None
         ]
-        budget = [] if judged.limit is None else [f"rounding explains up to {judged.limit:.2g}"]
+        family = f" {judged.family}" if judged.family else ""
+        budget = (
+            []
+            if judged.limit is None
+            else [f"rounding explains up to {judged.limit:.2g} ({judged.judged_by}{family} bound)"]
+        )
         amplification = [f"amplification {judged.amplification_text()}"] if judged.output else []
         lines.append(
             f"not rounding ({judged.reason}): " + "; ".join(measured + amplification + budget)

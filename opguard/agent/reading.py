@@ -56,8 +56,9 @@ def read_tolerant(verdict: str, judged: Judgement | None, findings: list[str]) -
         if verdict != "within-rounding":
             return findings
         return [
-            "within rounding: every aligned op's outputs differ by no more than its inputs' "
-            "difference and its own rounding at its dtype explain; nothing else changed"
+            "within rounding: every aligned op's outputs differ by no more than what its op "
+            "family allows from its inputs' difference and its own rounding (or a control run "
+            "measured); nothing else changed"
         ]
     lead = f"not rounding: {judged.what}"
     if judged.reason is not Reason.AMPLIFIED:

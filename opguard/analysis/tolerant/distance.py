@@ -50,7 +50,7 @@ CHI2 = {
     13: (5.8919, 22.3620),
     14: (6.5706, 23.6848),
 }
-assert stored.BUCKETS == max(CHI2), "the quantiles above are for 14 buckets"
+assert max(CHI2) == stored.BUCKETS, "the quantiles above are for 14 buckets"
 CHI2_05, CHI2_95 = CHI2[stored.BUCKETS]
 LOW = math.sqrt(stored.BUCKETS / CHI2_95)  # the interval's lower end as a factor of sqrt(S)
 HIGH = math.sqrt(stored.BUCKETS / CHI2_05)
