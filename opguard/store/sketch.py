@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
+from functools import lru_cache
 
 BUCKETS = 14
 GROUP = 8  # consecutive logical elements sharing one hash word (one sign bit each)
@@ -60,8 +61,10 @@ def scale_step(norm: float) -> float:
     return math.ldexp(1.0, math.frexp(norm)[1] - FRACTION_BITS)
 
 
+@lru_cache(maxsize=4096)
 def decode(raw: bytes) -> Sketch | None:
-    """The stored field ``w``; None when it is not a sketch (another length)."""
+    """The stored field ``w``; None when it is not a sketch (another length). Cached: a tensor's
+    sketch is read again by every bound and distance that involves it (a Sketch is frozen)."""
     if len(raw) != STORED_BYTES:
         return None
     norm, *quantized = _LAYOUT.unpack(raw)
