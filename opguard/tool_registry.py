@@ -51,6 +51,7 @@ class Param:
     minimum: float | None = None
     maximum: float | None = None
     rest: bool = False
+    metavar: str | None = None  # its value's name in usage lines (default: the name, upper case)
 
     def schema(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.kind, "description": self.help}
@@ -90,13 +91,17 @@ class Param:
             parser.add_argument(self.flag, dest=self.name, action="store_true", help=self.help)
             return
         convert = {"integer": int, "number": float}.get(self.kind, str)
-        metavar = self.name.upper()
         parser.add_argument(
-            self.flag, dest=self.name, type=convert, metavar=metavar, help=self.help
+            self.flag, dest=self.name, type=convert, metavar=self.word, help=self.help
         )
 
+    @property
+    def word(self) -> str:
+        """The value's name in usage lines."""
+        return self.metavar or self.name.upper()
+
     def usage(self) -> str:
-        word = self.name.upper()
+        word = self.word
         if self.rest:
             return f"[{word}…]" if self.kind == "array" else word
         if self.flag is None:

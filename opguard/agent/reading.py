@@ -15,7 +15,7 @@ from ..analysis.divergence.causes import ENVIRONMENT, STREAM_RACE
 from ..analysis.divergence.gpu_work import kernel_names
 from ..analysis.divergence.summary import producer_text
 from ..analysis.state_diff import StepDivergence
-from ..analysis.tolerant.judgement import Judgement, Reason
+from ..analysis.tolerant.judgement import Judged, Judgement, Reason
 from ..analysis.words.text import number, op_line, value_text
 from ..analysis.words.verdict import WORDS, Cause
 from ..store import OpRecord
@@ -68,6 +68,15 @@ def read_tolerant(verdict: str, judged: Judgement | None, findings: list[str]) -
         "the op itself made the difference larger than its inputs' and its own rounding "
         "explain: its implementation or a constant inside it changed (another algorithm, a "
         "bug), or it is ill-conditioned there (a division by a small number, cancellation)",
+        *(
+            []
+            if judged.judged_by is not Judged.ANALYTIC
+            else [
+                "if the runs should differ by rounding alone, a control run measures what "
+                "rounding does at this op in this model: record run A's script with opguard "
+                "record --perturb-rounding 1 and diff again with --noise CONTROL"
+            ]
+        ),
     ]
 
 

@@ -30,6 +30,7 @@ NOISE = Param(
     "(opguard record --perturb-rounding SEED, another thread count): a difference within "
     "8x the control's distance from run A at that op is rounding too",
     "--noise",
+    metavar="CONTROL",
 )
 # The zoom commands (tensor, replay) name run A's op with --op and default to rank 0.
 OP = Param(

@@ -20,6 +20,7 @@ family             kappa (condition)                                rho (own rou
 =================  ===============================================  =====================================
 move               1, or the input's norm over the output's         none; a cast rounds once:
                    where it selects a part (a slice)                ``RHO_EXACT`` units of its output
+scale              1: its outputs are its inputs times constants    ``RHO_EXACT`` u
 elementwise        sum over inputs of ``L_i * ||x_i|| / ||out||``   ``RHO_EXACT`` u of the terms it adds:
                    (``L_i``: the largest partial derivative, from   a sum that cancels rounds at the
                    the inputs' absmax and min: a division by a      scale of its terms, not of its
@@ -40,7 +41,7 @@ normalizing        the condition its inputs give it: a softmax's    the reductio
 
 Reductions and contractions read ``K`` from the recorded shapes and the op's schema (mm/addmm/bmm
 inner dimension, sum/mean over the reduced elements, a convolution's input channels times its
-kernel size, a norm over its normalized shape) and grow ``probabilistically``, as ``sqrt(K)``:
+kernel size, a norm over its normalized shape) and grow probabilistically, as ``sqrt(K)``:
 two runs' roundings are independent and random, so their accumulated difference grows like a
 random walk, not like the worst case ``K * u``. Where the runs' operands are rounded before
 they are multiplied (TF32, a bfloat16 matmul precision), that rounding (``u`` of the operands)
@@ -64,7 +65,7 @@ from ...store import OpRecord, TensorRecord
 # The sketches estimate a distance within a factor of about 1.46 (the 90% interval, 14 buckets:
 # distance.py); a bound that multiplies one estimate (d_in) to compare it with another (d_out)
 # carries both errors. The ratio of two independent estimates is F(14, 14)-distributed in its
-# square: it exceeds 4 with probability about 2e-5, once in ~50,000 judged ops.
+# square: it exceeds 4 with probability about 4e-6, once in ~250,000 judged ops.
 ESTIMATE = 4.0
 # One rounding in each run: an operation that is correctly rounded (IEEE +, -, *, /, sqrt, a
 # cast) gives both runs the same result from the same operands, so two runs differ by at most
@@ -169,7 +170,6 @@ class OpView:
         self.op = op
         self.partner = partner
         self.name = family(op.op)
-        self.overload = op.op.rpartition(".")[2]
         self._base = base
         self.element = element
         self._inputs = {t.slot: t for t in op.inputs}
@@ -377,9 +377,9 @@ def _divisor(v: OpView) -> float:
     return _over_smallest("other", 1, _one)(v)
 
 
-def _product(first: str, second: str) -> Callable[[OpView], float]:
-    """addcmul's slope by ``first``: its value times ``second``'s absmax."""
-    return lambda v: _value(v) * v.absmax(v.need(second))
+def _times(other: str) -> Callable[[OpView], float]:
+    """addcmul's slope by one factor: its value times the ``other`` factor's absmax."""
+    return lambda v: _value(v) * v.absmax(v.need(other))
 
 
 def _terms(
@@ -403,13 +403,13 @@ ELEMENTWISE: dict[str, tuple[Term, ...]] = {
     "reciprocal": (Term(("self",), _over_smallest("self", 2, _one)),),
     "addcmul": (
         Term(("self",), _one, True),
-        Term(("tensor1",), _product("tensor1", "tensor2"), True),
-        Term(("tensor2",), _product("tensor2", "tensor1"), True),
+        Term(("tensor1",), _times("tensor2"), True),
+        Term(("tensor2",), _times("tensor1"), True),
     ),
     "addcdiv": (
         Term(("self",), _one, True),
         Term(("tensor1",), _over_smallest("tensor2", 1, _value), True),
-        Term(("tensor2",), _over_smallest("tensor2", 2, _product("tensor2", "tensor1")), True),
+        Term(("tensor2",), _over_smallest("tensor2", 2, _times("tensor1")), True),
     ),
     "lerp": (
         Term(("self",), lambda v: abs(1 - _lerp_weight(v)), True),
@@ -459,11 +459,6 @@ def _elementwise(view: OpView, out: TensorRecord, units: Units) -> Bound:
         return Bound("elementwise", kappa, rounding)
     scale = _ratio(view.absmax(view.need(threshold)), norm)
     return Bound("elementwise", kappa, rounding, _numel(out.shape), scale)
-
-
-def _slope_on(low: float, high: float, slope: Callable[[float], float]) -> float:
-    """The largest ``slope`` on [low, high] for a slope that is largest at an end."""
-    return max(slope(low), slope(high))
 
 
 # Each transcendental function: the largest |f'| on its input's [min, max] (from the stats),
