@@ -103,12 +103,16 @@ class Units:
     """The unit roundoffs an op's bound is made of, in either run: ``op`` its coarsest
     (:func:`.rounding.op_unit`), ``output`` its outputs' dtype's, ``accumulator`` what it sums in
     (float32 for any narrower float, as CPU and CUDA kernels do), ``operands`` what a recorded
-    setting rounds its operands to before multiplying (TF32; 0 where none)."""
+    setting rounds its operands to before multiplying (TF32; 0 where none), ``partials`` the
+    rounding of the partial sums of a reduction split over ``T`` threads where a kernel keeps
+    them in its 16-bit operands' dtype (``sqrt(T)`` of that dtype's units: a CPU LayerNorm's
+    backward under bf16 autocast sums its weight gradient so)."""
 
     op: float
     output: float
     accumulator: float
     operands: float = 0.0
+    partials: float = 0.0  # a split reduction's partial sums kept in 16-bit operands' dtype
 
 
 @dataclass(frozen=True, slots=True)
@@ -530,12 +534,19 @@ def _activation_backward(view: OpView, out: TensorRecord, units: Units) -> Bound
     return Bound("transcendental", kappa, RHO_LIBM * units.op)
 
 
+def _summing(units: Units, *lengths: float) -> float:
+    """The rounding of sums of ``lengths`` terms each, relative to their terms' scale: the
+    accumulations' random walks, and the partial sums of a split reduction."""
+    walks = sum(math.sqrt(max(k, 1.0)) for k in lengths)
+    return SPREAD * (walks * units.accumulator + units.partials)
+
+
 def _accumulated(units: Units, k: float, scale: float) -> float:
-    """The rounding of sums of ``k`` terms whose norm is ``scale`` times the result's: the
-    accumulation's random walk, and the operands' rounding (TF32) at the terms' scale; plus
-    one rounding of the result to its dtype in each run."""
+    """The rounding of sums of ``k`` terms whose norm is ``scale`` times the result's
+    (:func:`_summing`), and the operands' rounding (TF32) at the terms' scale; plus one
+    rounding of the result to its dtype in each run."""
     return (
-        SPREAD * math.sqrt(max(k, 1.0)) * units.accumulator * max(1.0, scale)
+        _summing(units, k) * max(1.0, scale)
         + SPREAD * units.operands * scale
         + RHO_EXACT * units.output
     )
@@ -681,7 +692,7 @@ def _attention_bound(view: OpView, out: TensorRecord, units: Units) -> Bound:
     cancel = max(1.0, _ratio(terms, norm))
     kappa = (2.0 + logits) * cancel
     rounding = (
-        SPREAD * (math.sqrt(head) + math.sqrt(keys)) * units.accumulator * cancel
+        _summing(units, head, keys) * cancel
         + (RHO_LIBM + logits) * units.op * cancel
         + RHO_EXACT * units.output
     )
@@ -703,7 +714,7 @@ def _softmax(view: OpView, out: TensorRecord, units: Units) -> Bound:
     else:
         kappa = 0.5 * _ratio(norm_x, norm)
         scale = max(1.0, kappa)
-    rounding = (SPREAD * math.sqrt(k) * units.accumulator + RHO_LIBM * units.op) * max(1.0, scale)
+    rounding = (_summing(units, k) + RHO_LIBM * units.op) * max(1.0, scale)
     return Bound("normalizing", kappa, rounding + RHO_EXACT * units.output)
 
 

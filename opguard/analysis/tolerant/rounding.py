@@ -22,6 +22,7 @@ Torch-free: it reads dtype names and the recorded environment (:mod:`opguard.sto
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from ...store import OpRecord, TensorRecord
@@ -95,8 +96,9 @@ def units(
 ) -> Units | None:
     """The unit roundoffs of the bound of ``outputs`` (one tensor in each run that has it)
     made by ``ops`` (an aligned pair, or one op of one run): the op's ``u``, the outputs'
-    dtype's, the accumulator's (float64 where every tensor is float64, else float32) and the
-    operands' rounding a setting asks for. None where nothing rounds."""
+    dtype's, the accumulator's (float64 where every tensor is float64, else float32), the
+    operands' rounding a setting asks for and a split reduction's partial sums'. None where
+    nothing rounds."""
     op = max((u for o in ops if (u := coarsest((*o.inputs, *o.outputs))) is not None), default=None)
     if op is None:
         return None
@@ -105,4 +107,23 @@ def units(
     operands = max(
         (u for o in ops if (u := compute_unit(o, environments)) is not None), default=0.0
     )
-    return Units(max(op, operands), output, accumulator, operands)
+    partials = split_partials(ops, environments)
+    return Units(max(op, operands), output, accumulator, operands, partials)
+
+
+def split_partials(
+    ops: tuple[OpRecord, ...], environments: tuple[Environment, Environment]
+) -> float:
+    """``sqrt(T)`` units of an op's 16-bit (or narrower) operands on the CPU, ``T`` the most
+    intra-op threads either run recorded: a reduction split over the threads may keep each
+    thread's partial sum in the operands' dtype before adding them; 0 on one thread, for wider
+    operands, and on CUDA, whose split-K reductions of 16-bit matmuls (allowed by the reduced-
+    precision reduction settings) are still to be measured."""
+    narrow = [
+        u
+        for o in ops
+        for t in o.inputs
+        if t.device == "cpu" and (u := dtype_unit(t.dtype)) is not None and u > FLOAT32_UNIT
+    ]
+    threads = max(int(env.fields.get("threads") or 1) for env in environments)
+    return math.sqrt(threads) * max(narrow) if narrow and threads > 1 else 0.0
