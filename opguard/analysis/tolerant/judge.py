@@ -178,7 +178,7 @@ class Judge:
                 )
                 if judged is not None:
                     return EQUAL, judged, ()
-            if d_in.exact or distance.estimate > d_in.estimate:
+            if d_in.exact or distance.spread > d_in.spread:
                 d_in = distance
         return d_in, None, tuple(discrete)
 
