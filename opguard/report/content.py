@@ -89,7 +89,7 @@ def _source(site: CallSite) -> SourceView:
 
 
 @dataclass(frozen=True, slots=True)
-class Recording:
+class HowRecorded:
     """How a run was recorded, from its ``meta.json``: to record it again."""
 
     label: str
@@ -99,7 +99,7 @@ class Recording:
     command: str | None
 
     @classmethod
-    def of(cls, label: str, path: str, meta: dict[str, Any]) -> Recording:
+    def of(cls, label: str, path: str, meta: dict[str, Any]) -> HowRecorded:
         command = meta.get("command")
         return cls(
             label,
@@ -134,7 +134,7 @@ class Content:
     neighbourhood: Neighbourhood | None
     losses: tuple[Losses, Losses] | None
     loss_rank: int
-    recordings: list[Recording]
+    recordings: list[HowRecorded]
     unread: list[str]
 
     @property
@@ -232,9 +232,7 @@ def _op_rows(result: RunDiff, found: RankDiff, first: Divergence) -> Neighbourho
             return None
         step_rows = list(rows.rows(step))
         marked = [Neighbour(row, rows.is_first(row), rows.is_cause(row)) for row in step_rows]
-    at = next((k for k, n in enumerate(marked) if n.first), 0)
-    start, stop = max(at - NEIGHBOURS, 0), min(at + NEIGHBOURS + 1, len(marked))
-    return Neighbourhood(found.rank, step, marked[start:stop], start, len(marked) - stop)
+    return _around(found.rank, step, marked, next((k for k, n in enumerate(marked) if n.first), 0))
 
 
 def _state_rows(result: RunDiff, found: RankDiff, first: StepDivergence) -> Neighbourhood:
@@ -254,22 +252,29 @@ def _state_rows(result: RunDiff, found: RankDiff, first: StepDivergence) -> Neig
         rows.append(StateRow(entry.label, entry.tensor, tensor_b, entry.key in differing))
     rows += [StateRow(e.label, None, e.tensor, False) for e in first.comparison.only_b]
     at = next((k for k, row in enumerate(rows) if row.label == first.first.label), 0)
+    return _around(found.rank, first.step, rows, at)
+
+
+def _around(
+    rank: int, step: int, rows: Sequence[Neighbour] | Sequence[StateRow], at: int
+) -> Neighbourhood:
+    """The rows within :data:`NEIGHBOURS` of row ``at``."""
     start, stop = max(at - NEIGHBOURS, 0), min(at + NEIGHBOURS + 1, len(rows))
-    return Neighbourhood(found.rank, first.step, rows[start:stop], start, len(rows) - stop)
+    return Neighbourhood(rank, step, rows[start:stop], start, len(rows) - stop)
 
 
-def _recordings(result: RunDiff, hunt: Hunt | None) -> list[Recording]:
+def _recordings(result: RunDiff, hunt: Hunt | None) -> list[HowRecorded]:
     """How each compared run was recorded: both runs, or each pass of a hunt."""
     if hunt is None:
         return [
-            Recording.of("run A", result.path_a, result.meta_a),
-            Recording.of("run B", result.path_b, result.meta_b),
+            HowRecorded.of("run A", result.path_a, result.meta_a),
+            HowRecorded.of("run B", result.path_b, result.meta_b),
         ]
     passes = [("at step level", hunt.step_level)]
     if hunt.op_level is not None:
         passes.append(("op by op", hunt.op_level))
     return [
-        Recording.of(f"run {run}, {how}", path, meta)
+        HowRecorded.of(f"run {run}, {how}", path, meta)
         for how, diff in passes
         for run, path, meta in (("A", diff.path_a, diff.meta_a), ("B", diff.path_b, diff.meta_b))
     ]
