@@ -25,6 +25,7 @@ from state_runs import hunt_of, write_state_run
 from traces import TraceBuilder, tensor
 
 from opguard.analysis.browse.rows import Status
+from opguard.report.content import HowRecorded
 
 VOID = {"meta", "br", "link", "img", "input", "hr", "col", "area", "base", "source", "wbr"}
 DIFFERS = {s.value for s in Status if s.differs}
@@ -243,6 +244,20 @@ def test_the_report_says_how_to_reproduce(
         meta = json.loads((run / "meta.json").read_text())
         assert " ".join(meta["command"]) in said and f"cd {meta['cwd']}" in said
     assert f"opguard diff {demo_runs[0]} {demo_runs[1]} --html" in said
+
+
+def test_a_run_is_recorded_again_where_and_as_it_was() -> None:
+    """In its directory, with the variables that change numerics (a launcher sets the job's
+    own), quoted for the shell."""
+    meta = {
+        "command": ["opguard", "record", "-o", "runs/a", "--", "train.py", "--name", "a b"],
+        "cwd": "/work/my runs",
+        "env": {"RANK": "0", "OMP_NUM_THREADS": "1", "MASTER_PORT": "29500"},
+    }
+    assert HowRecorded.of("run A", "runs/a", meta).lines() == [
+        "cd '/work/my runs'",
+        "OMP_NUM_THREADS=1 opguard record -o runs/a -- train.py --name 'a b'",
+    ]
 
 
 def test_identical_runs_give_an_identical_report(

@@ -27,6 +27,7 @@ from ..analysis.state_diff import StepDivergence
 from ..analysis.words.verdict import Side
 from ..hunt import Hunt
 from ..store import CallSite, OpRecord, Run, TensorRecord, TraceError
+from ..store.meta import NUMERICS_ENV
 
 NEIGHBOURS = 12  # aligned rows shown either side of the first divergence
 SOURCE_AROUND = 3  # source lines shown either side of a call line
@@ -90,7 +91,9 @@ def _source(site: CallSite) -> SourceView:
 
 @dataclass(frozen=True, slots=True)
 class HowRecorded:
-    """How a run was recorded, from its ``meta.json``: to record it again."""
+    """How a run was recorded, from its ``meta.json``: to record it again. Of its environment,
+    the variables that change numerics (``opguard capture`` sets them again too); the job's
+    own (``RANK``, ``MASTER_PORT``) are a launcher's to set."""
 
     label: str
     path: str
@@ -105,7 +108,7 @@ class HowRecorded:
             label,
             path,
             meta.get("cwd"),
-            dict(sorted((meta.get("env") or {}).items())),
+            {k: v for k, v in sorted((meta.get("env") or {}).items()) if k in NUMERICS_ENV},
             shlex.join(command) if command else None,
         )
 

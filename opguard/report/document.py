@@ -52,13 +52,14 @@ header.identical,header.within-rounding{border-left:8px solid #1e8449}
 .word{letter-spacing:.04em}.diverged .word{color:#c0392b}.incomplete .word{color:#d68910}
 .identical .word,.within-rounding .word{color:#1e8449}
 code,pre,.mono{font:13px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
-pre{background:#f4f4f4;padding:6px 8px;overflow-x:auto;margin:4px 0}
+pre{background:#f4f4f4;padding:6px 8px;margin:4px 0;white-space:pre-wrap;
+overflow-wrap:anywhere}
 mark{background:#fff1a8}
 table{border-collapse:collapse;margin:6px 0;width:100%}
 th,td{border:1px solid #e2e2e2;padding:3px 6px;text-align:left;vertical-align:top}
 td code,.mono td{overflow-wrap:anywhere}.mono td:first-child,td.num,th{white-space:nowrap}
 table.pair{table-layout:fixed}table.pair th:first-child{width:110px}
-td pre{white-space:pre-wrap}table.rows{font-size:12px}
+table.rows{font-size:12px}
 th{background:#f4f4f4;font-weight:600}
 td.num{text-align:right}
 .run-a{color:#1f77b4}.run-b{color:#d62728}
