@@ -381,8 +381,7 @@ def _print_roles(result: RunDiff) -> None:
         op = div.a or div.observed_a
         where = f"{op.op} at {op.call_site.short()}, step {div.step}"
         if role.collective is not None:
-            group = role.group
-            others = [k for k in group["ranks"] if k != r.rank] if group else []
+            others = role.senders(r.rank)
             peers = f" from rank(s) {', '.join(map(str, others))}" if others else ""
             console.print(f"  rank {r.rank}: [bold]receiver[/] — {escape(where)}: received{peers}")
         else:

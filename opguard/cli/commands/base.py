@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ...analysis import RunDiff
     from ...analysis.tolerant.rule import Tolerance
+    from ...hunt import Hunt
 
 
 class CommandError(Exception):
@@ -82,6 +87,43 @@ def directory_name(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty name is not a directory")
     return text
+
+
+def add_html(parser: argparse.ArgumentParser) -> None:
+    """``--html FILE`` (``opguard diff``, ``opguard hunt``): the report as one HTML file too."""
+    parser.add_argument(
+        "--html",
+        type=writable_file,
+        metavar="FILE",
+        help="also write the report as one self-contained HTML file (to attach to an issue "
+        "or a pull request); what is printed and the exit status stay the same",
+    )
+
+
+def writable_file(text: str) -> str:
+    """An argparse type for a file to write, refused before anything runs (a hunt records for
+    minutes): an empty name, a directory, a folder that does not exist or cannot be written."""
+    path = Path(text)
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty name is not a file")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory, not a file")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: no directory {path.parent}")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text}: not writable")
+    return text
+
+
+def write_html(path: str, result: RunDiff, command: list[str], hunt: Hunt | None = None) -> None:
+    """The HTML report of ``result`` into ``path`` (:mod:`opguard.report`); ``command``: the
+    words of the command that made it. A file that cannot be written is a one-line error."""
+    from ...report import write_report
+
+    try:
+        write_report(path, result, shlex.join(command), hunt)
+    except OSError as exc:
+        raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def print_json(obj: Any) -> None:
