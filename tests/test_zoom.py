@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli
+from conftest import line_of, run_cli
 from scenario_runs import BASE, session_recordings
 from test_imports import _explain, cli_without
 
@@ -161,6 +161,38 @@ def test_replay_of_gemms_with_transposed_weights(recordings, tmp_path: Path) -> 
     for index in ops:
         report = _json("replay", str(run_dir), "--op", str(index), "--times", "2", "--json")
         assert report["matches_a"] and report["deterministic"], report
+
+
+PLAIN_ARGUMENTS_SCRIPT = """
+import torch
+torch.manual_seed(0)
+x = torch.randn(4, 4)
+idx = torch.tensor([2, 0])
+a = x * 1.0  # <- number
+b = torch.add(x, 2, alpha=3)  # <- int
+c = x * 1j  # <- complex
+d = x[:, idx]  # <- none in list
+"""
+
+
+def test_replay_of_plain_values_where_a_tensor_is_taken(write_script, record) -> None:
+    """``x * 1.0`` calls ``mul.Tensor`` with ``other=1.0``: the schema says Tensor, the trace
+    holds the number among the arguments. ``x[:, idx]`` indexes with ``[None, idx]``, of which
+    only ``indices[1]`` is a tensor. The replay passes each as the call did and reproduces it."""
+    script = write_script("plain_arguments.py", PLAIN_ARGUMENTS_SCRIPT)
+    spec = ",".join(f"plain_arguments.py:{line_of(script, tag)}"
+                    for tag in ("number", "int", "complex", "none in list"))  # fmt: skip
+    run_dir = record(script, extra=("--capture", spec))
+    with Run(run_dir) as run:
+        trace = run.rank(0)
+        ops = {i: trace.op(i).op for i in trace.captured_ops()}
+    assert sorted(ops.values()) == [
+        "aten::add.Tensor", "aten::index.Tensor", "aten::mul.Tensor", "aten::mul.Tensor"
+    ]  # fmt: skip
+    for index in ops:
+        report = _json("replay", str(run_dir), "--op", str(index), "--times", "2", "--json")
+        assert report["matches_a"] and report["deterministic"], report
+        assert report["inputs_faithful"], report
 
 
 NAN_SCRIPT = """
