@@ -432,6 +432,32 @@ def test_usage_lines_parse(runs: dict[str, str]) -> None:
             assert parsed["target"][-3:] == ["x", "y", "z"]  # script, then its arguments
 
 
+def test_an_optional_value_is_written_with_its_flag() -> None:
+    """``--tolerant`` takes its value only as ``--tolerant=REL`` (alone it means auto): the
+    usage line says so, and the command line a tool builds writes it so."""
+    from opguard.cli import build_parser
+
+    for name in ("diff", "explain"):
+        assert "[--tolerant[=REL]]" in BY_NAME[name].usage()
+    diff, runs = BY_NAME["diff"], {"run_a": "a", "run_b": "b"}
+    for value, word in (("auto", "--tolerant"), ("1e-3", "--tolerant=1e-3")):
+        argv = diff.argv({**runs, "tolerant": value})
+        assert argv[:4] == ["diff", "a", "b", word]
+        assert build_parser().parse_args(argv).tolerant == value
+
+
+def test_help_gives_each_default_once() -> None:
+    """A parameter's help says what it is, the CLI adds its default: the paged tools' --limit
+    said "(default: 20)" twice."""
+    from opguard.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for command, parser in sub.choices.items():
+        for action in parser._actions:
+            assert (action.help or "").count("(default:") <= 1, (command, action.help)
+    assert "items in the page (default: 20)" in sub.choices["ops"].format_help()
+
+
 def test_record_json_forwards_every_record_option() -> None:
     """`record --json` records through the tool: an option of `opguard record` the tool lacks
     would be dropped silently."""
