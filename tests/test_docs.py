@@ -256,7 +256,8 @@ def test_every_key_record_writes_is_specified(
 
     monkeypatch.setattr(recording, "run_opguard", child)
     answer = BY_NAME["record"].call({"output": str(run_dir), "script": "train.py"})
-    assert_specified("opguard record --json", answer, elsewhere={"ranks"})
+    assert answer["schema"] == recording.RECORD_SCHEMA
+    assert_specified(recording.RECORD_SCHEMA, answer, elsewhere={"ranks"})
     assert_specified("opguard show --json", answer["ranks"])
 
 
