@@ -136,7 +136,7 @@ def _diff_ops(
 ) -> RankDiff:
     table = KeyTable()
     # NaN/Inf origins come with the same scan; with --step the scan covers part of the runs.
-    watches = (NonfiniteWatch(), NonfiniteWatch()) if step is None else (None, None)
+    watches = (NonfiniteWatch(trace_a), NonfiniteWatch(trace_b)) if step is None else (None, None)
     layout = layout if tolerance is not None else None  # layouts are judged by --tolerant
     keys = OpKeys if layout is None else LayoutKeys
     reader_a = LightReader(trace_a, keys(trace_a, table), watches[0])
