@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...tools.catalog import TOLERANT as TOLERANT_PARAM
+
 if TYPE_CHECKING:
     from ...analysis import RunDiff
     from ...analysis.tolerant.rule import Tolerance
@@ -28,21 +30,15 @@ def call_tool(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     return BY_NAME[name].call(arguments)
 
 
-TOLERANT = "--tolerant"
-AUTO = "auto"  # --tolerant without a value: the rounding rule (analysis.tolerant.rule.Mode)
+# --tolerant[=REL] as the diff tool declares it: its flag, and the value it stands for alone.
+TOLERANT, AUTO = str(TOLERANT_PARAM.flag), str(TOLERANT_PARAM.bare)
 
 
 def add_tolerant(parser: argparse.ArgumentParser) -> None:
-    """``--tolerant[=REL]`` (``opguard diff``, ``opguard explain``, ``opguard tui``)."""
-    parser.add_argument(
-        TOLERANT,
-        nargs="?",
-        const=AUTO,
-        metavar="REL",
-        help="runs expected to differ by rounding (another torch, GPU, TF32, bf16): name the "
-        "first difference rounding does not explain (auto), or larger than relative distance "
-        "REL (--tolerant=1e-3); a run named after it is a run",
-    )
+    """``--tolerant[=REL]`` (``opguard diff``, ``opguard explain``, ``opguard tui``), with what
+    only the command line needs said: a run after it is not its value (parse_command_line)."""
+    action = TOLERANT_PARAM.add_to(parser, "tolerant")
+    action.help = f"{action.help}; a run named after it is a run"
 
 
 def is_tolerant_value(word: str) -> bool:
