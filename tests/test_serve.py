@@ -3,7 +3,8 @@ headless Chromium (tests/browser.py) opens the URL it prints, and the screen is 
 the page's terminal (xterm.js's buffer: the text a person sees) while keys are pressed into it.
 It proves the debugger works there, that the server refuses what it must (a missing or wrong
 token off loopback, another site's page, a rebound name), and that closing the page ends the
-debugger's processes.
+debugger's processes. Without Playwright, a chromium or textual-serve, the tests that need
+them skip, saying what to install.
 
 ``OPGUARD_SCREENSHOTS=docs/images pytest tests/test_serve.py -k answers_keys`` writes the
 screenshots the docs show.
@@ -188,10 +189,19 @@ class Debugger:
         return self.page.evaluate(SCREEN)
 
     def wait_for(self, ready: Callable[[str], bool], what: str) -> str:
-        """The screen once ``ready(screen)`` (the page's own clock: a key press lands as soon
-        as the app has drawn its answer)."""
-        until(lambda: ready(self.screen()), f"the screen to show {what}:\n{self.screen()}")
-        return self.screen()
+        """The screen, once ``ready(screen)`` holds; on a timeout the error shows the last."""
+        shown = ""
+
+        def drawn() -> bool:
+            nonlocal shown
+            shown = self.screen()
+            return ready(shown)
+
+        try:
+            until(drawn, f"the screen to show {what}")
+        except AssertionError as timeout:
+            raise AssertionError(f"{timeout}:\n{shown}") from None
+        return shown
 
     def focus(self) -> None:
         self.page.locator(".xterm-helper-textarea").focus()  # where xterm.js takes keys

@@ -65,7 +65,7 @@ def guard(token: str | None) -> Middleware:
         cookie = f"opguard-serve-{request.url.port}"  # cookies are shared by a host's ports
         if token is None:
             if not is_loopback(request.url.host or ""):
-                raise _refused("this server answers on this machine only, at localhost")
+                raise _refused("this server answers requests to localhost or 127.0.0.1 only")
         elif not any(
             hmac.compare_digest(given, token)
             for given in (request.query.get(TOKEN_QUERY), request.cookies.get(cookie))
