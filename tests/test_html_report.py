@@ -453,3 +453,38 @@ def test_a_write_that_fails_late_is_one_line(
     assert err.strip().splitlines() == [
         f"opguard: error: cannot write {target}: No space left on device"
     ]
+
+
+# -- in a browser --------------------------------------------------------------------------------
+
+
+def test_the_report_renders_in_a_browser(
+    demo_report: tuple[dict[str, Any], Report, str], tmp_path: Path, browser_page: Any
+) -> None:
+    """Opened from disk in headless Chromium, as an attachment is: no console error, nothing
+    asked of another machine, the verdict and the first divergence visible with the op the JSON
+    names, and each plot's lines drawn (its screenshot changes when they are hidden)."""
+    answer, _, raw = demo_report
+    page_file = tmp_path / "report.html"
+    page_file.write_text(raw)
+    page = browser_page.page
+    page.goto(page_file.as_uri())
+    for ident in ("verdict", "first-divergence", "loss-plot", "drift-plot", "neighbourhood"):
+        assert page.locator(f"#{ident}").is_visible(), ident
+    assert "DIVERGED" in page.locator("#verdict").inner_text().upper()
+    first = page.locator("#first-divergence").inner_text()
+    assert answer["first_divergence"]["a"]["op"] in first
+    for ident in ("loss-plot", "drift-plot"):
+        plot = page.locator(f"#{ident} svg").first
+        plot.scroll_into_view_if_needed()
+        drawn = plot.screenshot()
+        lengths = page.eval_on_selector_all(
+            f"#{ident} polyline", "lines => lines.map(line => line.getTotalLength())"
+        )
+        assert lengths and all(length > 0 for length in lengths), (ident, lengths)
+        page.eval_on_selector_all(
+            f"#{ident} polyline", "lines => lines.forEach(line => line.style.display = 'none')"
+        )
+        assert plot.screenshot() != drawn, f"{ident}: its lines draw nothing"
+    assert browser_page.errors == []
+    assert browser_page.offsite == []
