@@ -5,16 +5,21 @@ catalogue's known answer. Prints the score by mutation class: pairs run, right a
 bit and under ``--tolerant``, pairs the fuzzer could not score (its own errors).
 
     python bench/fuzz.py [--pairs 1000] [--start 0] [--workers 2] [--mutations lr,threads]
-                         [--compile-rate 0.0] [--save-failures DIR] [--write-docs]
+                         [--compile-rate 0.0] [--device cpu] [--save-failures DIR] [--write-docs]
 
-Pair ``i`` is mutation ``i mod 25`` (in the catalogue's order) on the program of seed ``i`` (or
-the next one it applies to), so ``--start`` and ``--pairs`` name the same pairs on every
-machine; each worker process runs many pairs (``import torch`` costs seconds, a pair about
-one). ``--save-failures DIR`` keeps each wrong or unscored pair as ``DIR/NAME/`` with its two
-scripts and ``failure.json`` (what OpGuard said, bit for bit and tolerant, the right answer,
-the oracle's truth and the whole ``opguard.diff/1`` objects), so each can become a scenario
-test. ``--write-docs`` writes the table, with the command, date and machine, into the marked
-block of docs/COMPARING.md.
+Pair ``i`` is mutation ``i mod N`` of the N classes that run on the device (in the catalogue's
+order) on the program of seed ``i`` (or the next one it applies to), so ``--start`` and
+``--pairs`` name the same pairs on every machine; each worker process runs many pairs
+(``import torch`` costs seconds, a pair about one). ``--save-failures DIR`` keeps each wrong
+or unscored pair as ``DIR/NAME/`` with its two scripts and ``failure.json`` (what OpGuard
+said, bit for bit and tolerant, the right answer, the oracle's truth and the whole
+``opguard.diff/1`` objects), so each can become a scenario test. ``--write-docs`` writes the
+table, with the command, date and machine, into the marked block of docs/COMPARING.md.
+
+``--device cuda`` runs the GPU programs of the same seeds (the CPU program moved to the GPU,
+with a fused optimizer, bf16 autocast or a side stream drawn on top; ``numpy_write`` does not
+apply there), its table for the GPU block (``bench/gpu_session.sh fuzz`` runs it on the GPU
+machine and brings the table back).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
@@ -40,8 +46,17 @@ from fuzz_mutations import BY_NAME, MUTATIONS, make_pair, pair_of
 from readme_demo import cpu_model
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "COMPARING.md"
-BEGIN = "<!-- fuzz score: written by python bench/fuzz.py --write-docs -->"
-END = "<!-- end of the fuzz score -->"
+# The marked blocks of docs/COMPARING.md that --write-docs fills, by device.
+BLOCKS = {
+    "cpu": (
+        "<!-- fuzz score: written by python bench/fuzz.py --write-docs -->",
+        "<!-- end of the fuzz score -->",
+    ),
+    "cuda": (
+        "<!-- fuzz score on a GPU: written by python bench/fuzz.py --device cuda --write-docs -->",
+        "<!-- end of the GPU fuzz score -->",
+    ),
+}
 
 
 _ROOT = ""  # each worker's scratch directory
@@ -54,24 +69,32 @@ def _start_worker() -> None:
     import torch  # noqa: F401  (once per worker, before its first pair)
 
 
-def _pair(task: tuple[int, tuple[str, ...], float]) -> Outcome:
-    """Runs the ``index``-th pair (of ``mutations`` in turn, when given) in a worker."""
-    index, mutations, compile_rate = task
-    if mutations:
-        pair = make_pair(mutations[index % len(mutations)], index, compile_rate=compile_rate)
+@dataclass(frozen=True)
+class Draw:
+    """Which pairs a run draws, beside their indices: the classes (all when empty), the share of
+    compiled programs and the device."""
+
+    mutations: tuple[str, ...] = ()
+    compile_rate: float = 0.0
+    device: str = "cpu"
+
+
+def _pair(task: tuple[int, Draw]) -> Outcome:
+    """Runs the ``index``-th pair (of ``draw.mutations`` in turn, when given) in a worker."""
+    index, draw = task
+    if draw.mutations:
+        mutation = draw.mutations[index % len(draw.mutations)]
+        pair = make_pair(mutation, index, compile_rate=draw.compile_rate, device=draw.device)
     else:
-        pair = pair_of(index, compile_rate=compile_rate)
+        pair = pair_of(index, compile_rate=draw.compile_rate, device=draw.device)
     return run_pair(pair, Path(_ROOT))
 
 
-def run(
-    indices: range, workers: int, mutations: tuple[str, ...], compile_rate: float
-) -> Iterator[Outcome]:
+def run(indices: range, workers: int, draw: Draw) -> Iterator[Outcome]:
     """The outcomes of the pairs ``indices``, as the workers finish them."""
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch state
     with context.Pool(workers, initializer=_start_worker, maxtasksperchild=200) as pool:
-        tasks = [(i, mutations, compile_rate) for i in indices]
-        yield from pool.imap_unordered(_pair, tasks)
+        yield from pool.imap_unordered(_pair, [(i, draw) for i in indices])
 
 
 def table(outcomes: list[Outcome]) -> list[str]:
@@ -107,16 +130,17 @@ def _row(name: str, family: str, counts: Counter[str]) -> str:
     return f"| {name} | {family} | {counts['pairs']} | {' | '.join(cells)} | {counts['errors']} |"
 
 
-def machine() -> str:
+def machine(device: str) -> str:
     import torch
 
+    gpu = f"{torch.cuda.get_device_name()}, " if device == "cuda" else ""
     return (
-        f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__} "
+        f"{gpu}{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__} "
         f"({torch.backends.cpu.get_cpu_capability()}), Python {platform.python_version()}"
     )
 
 
-def save_failure(outcome: Outcome, root: Path) -> None:
+def save_failure(outcome: Outcome, root: Path, device: str) -> None:
     """``ROOT/NAME/``: the pair's scripts and ``failure.json``."""
     where = root / outcome.name
     where.mkdir(parents=True, exist_ok=True)
@@ -138,17 +162,19 @@ def save_failure(outcome: Outcome, root: Path) -> None:
             for mode in outcome.scores
         },
         "results": outcome.results,
-        "rebuild": f"fuzz_mutations.make_pair({outcome.mutation!r}, {outcome.seed})",
+        "rebuild": f"fuzz_mutations.make_pair({outcome.mutation!r}, {outcome.seed}, "
+        f"device={device!r})",
     }
     (where / "failure.json").write_text(json.dumps(failure, indent=1) + "\n")
 
 
-def write_docs(block: list[str]) -> None:
+def write_docs(block: list[str], device: str) -> None:
+    begin, end = BLOCKS[device]
     text = DOCS.read_text()
-    pattern = re.compile(re.escape(BEGIN) + r"\n.*?" + re.escape(END), re.S)
+    pattern = re.compile(re.escape(begin) + r"\n.*?" + re.escape(end), re.S)
     if not pattern.search(text):
-        raise SystemExit(f"{DOCS}: no block marked {BEGIN!r} … {END!r}")
-    DOCS.write_text(pattern.sub(lambda _: "\n".join([BEGIN, *block, END]), text))
+        raise SystemExit(f"{DOCS}: no block marked {begin!r} … {end!r}")
+    DOCS.write_text(pattern.sub(lambda _: "\n".join([begin, *block, end]), text))
 
 
 def main() -> None:
@@ -158,6 +184,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--mutations", default="", help="comma-separated classes (default all)")
     parser.add_argument("--compile-rate", type=float, default=0.0, help="torch.compile share")
+    parser.add_argument("--device", choices=tuple(BLOCKS), default="cpu")
     parser.add_argument("--save-failures", type=Path, metavar="DIR")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
@@ -168,18 +195,19 @@ def main() -> None:
     indices = range(args.start, args.start + args.pairs)
     started = time.perf_counter()
     outcomes: list[Outcome] = []
-    for outcome in run(indices, args.workers, mutations, args.compile_rate):
+    draw = Draw(mutations, args.compile_rate, args.device)
+    for outcome in run(indices, args.workers, draw):
         outcomes.append(outcome)
         if len(outcomes) % 25 == 0:
             rate = len(outcomes) / (time.perf_counter() - started)
             print(f"{len(outcomes)}/{len(indices)} pairs, {rate:.2f}/s", file=sys.stderr)
         wrong = [m for m in MODES if m in outcome.scores and not outcome.scores[m].right]
         if (outcome.error or wrong) and args.save_failures is not None:
-            save_failure(outcome, args.save_failures)
+            save_failure(outcome, args.save_failures, args.device)
     seconds = time.perf_counter() - started
     command = "python bench/fuzz.py " + " ".join(sys.argv[1:])
     block = [
-        f"`{command.strip()}`, {date.today().isoformat()}, {machine()}: {len(outcomes)} pairs "
+        f"`{command.strip()}`, {date.today().isoformat()}, {machine(args.device)}: {len(outcomes)} pairs "
         f"in {seconds / 60:.1f} min ({len(outcomes) / seconds:.2f} pairs/s, "
         f"{args.workers} workers).",
         "",
@@ -187,7 +215,7 @@ def main() -> None:
     ]
     print("\n".join(block))
     if args.write_docs:
-        write_docs(block)
+        write_docs(block, args.device)
 
 
 if __name__ == "__main__":

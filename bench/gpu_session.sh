@@ -2,8 +2,8 @@
 # Everything GPU in one device session: build the extension for Hopper, run the cuda tests,
 # then the GPU benchmarks, writing each output under $OUT (default ./gpu-out).
 #
-#   bash bench/gpu_session.sh [tests] [bench] [kernels] [ddp] [compile] [parts] [fixture] [long] [tolerant]
-#                                        (default: all but parts, fixture, long and tolerant)
+#   bash bench/gpu_session.sh [tests] [bench] [kernels] [ddp] [compile] [parts] [fixture] [long] [tolerant] [fuzz]
+#                                        (default: all but parts, fixture, long, tolerant and fuzz)
 #   fixture: records tests/data/cross_version/mlp.py with this machine's torch into
 #            $OUT/torch-X.Y (copy it to tests/data/cross_version/: the cross-version pair)
 #   long:    issue 28's targets (bench/long_runs.py: --steps-only, --window, step-level trace
@@ -13,6 +13,9 @@
 #            fused against foreach AdamW, memory-efficient against math attention (each expected
 #            within rounding) and, behind the last, a changed softmax scale (named), each
 #            compared by opguard diff --tolerant (text and JSON under $OUT/tolerant)
+#   fuzz:    the mutation fuzzer's GPU programs (bench/fuzz.py --device cuda, FUZZ_PAIRS pairs,
+#            default 500): its table in $OUT/fuzz_gpu.txt goes into docs/COMPARING.md's GPU
+#            block, the pairs answered wrongly under $OUT/fuzz-failures
 #   bash bench/gpu_session.sh build                                         (only build)
 #
 # On a machine without lmdb, put its wheel in .whl/ first (see docs/PERFORMANCE.md).
@@ -40,7 +43,7 @@ for part in $parts; do
     tests)
       # only the files with GPU tests: the others need the UI and agent dependencies
       python3 -m pytest -q -p no:cacheprovider -m cuda "$ROOT/tests/test_cuda.py" \
-        "$ROOT/tests/test_compiled.py" > "$OUT/tests.txt" 2>&1
+        "$ROOT/tests/test_compiled.py" "$ROOT/tests/test_fuzz.py" > "$OUT/tests.txt" 2>&1
       tail -40 "$OUT/tests.txt" ;;
     bench)
       python3 "$ROOT/bench/fingerprint_gpu.py" --mib 512 2>&1 | tee "$OUT/fingerprint_gpu.txt"
@@ -97,6 +100,9 @@ for part in $parts; do
           --json > "$OUT/tolerant/$pair.json" 2>/dev/null
       done
       rm -rf "$OUT"/tolerant/*/ ;;  # the traces stay on the device; the reports come back
+    fuzz)
+      python3 "$ROOT/bench/fuzz.py" --device cuda --pairs "${FUZZ_PAIRS:-500}" --workers 12 \
+        --save-failures "$OUT/fuzz-failures" 2>&1 | grep -v Warning | tee "$OUT/fuzz_gpu.txt" ;;
     build) ;;  # the build above is all
     compile)
       python3 "$ROOT/bench/overhead.py" --compile --rounds 2 --steps 5 --no-debugmode \

@@ -65,13 +65,15 @@ EntryRecorder::EntryRecorder(py::object probe, int64_t head_elements)
 std::pair<EntryRecorder::KnownPtr, bool> EntryRecorder::find(py::handle tensor,
                                                              const TensorFacts& facts) {
   int64_t version = LLONG_MIN;  // read once, when a candidate needs it
+  bool swapped = false;
   auto found = by_object_.find(reinterpret_cast<uintptr_t>(tensor.ptr()));
   if (found != by_object_.end() && referent(found->second->ref) == tensor.ptr()) {
     version = probe_.version(tensor);
     // `x.data = y` (an EMA update, Module._apply) swaps x's memory without an op or a version
     // bump: the address and geometry tell
-    if (found->second->valid_for(version) && same_geometry(*found->second, tensor, facts)) {
-      return {found->second, true};
+    if (found->second->valid_for(version)) {
+      if (same_geometry(*found->second, tensor, facts)) return {found->second, true};
+      swapped = true;
     }
   }
   uintptr_t storage = 0;
@@ -82,8 +84,17 @@ std::pair<EntryRecorder::KnownPtr, bool> EntryRecorder::find(py::handle tensor,
   }
   KnownPtr known = by_storage->second;
   if (version == LLONG_MIN) version = probe_.version(tensor);
-  if (!known->valid_for(version)) return {nullptr, false};
-  return {known, same_geometry(*known, tensor, facts)};
+  const bool exact = same_geometry(*known, tensor, facts);
+  if (!known->valid_for(version)) {
+    if (!swapped) return {nullptr, false};
+    // A swapped tensor counts its writes on its own version counter, not on the one of its
+    // storage's writer (a parameter after `module.to(device)`): nothing wrote it since it was
+    // known, and the storage holds what its writer left. Known anew on its own counter, which
+    // its views share, so that they are found by storage too.
+    if (exact)
+      known = remember(tensor, facts, known->index, known->slot, known->content, false, true);
+  }
+  return {known, exact};
 }
 
 bool EntryRecorder::same_geometry(const Known& known, py::handle tensor, const TensorFacts& facts) {

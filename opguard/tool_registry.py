@@ -29,6 +29,7 @@ _PYTHON_TYPES: dict[str, tuple[type, ...]] = {
     "boolean": (bool,),
     "array": (list,),
 }
+_COMMAND_LINE_TYPES: dict[str, type] = {"integer": int, "number": float, "string": str}
 
 
 class ToolError(Exception):
@@ -39,7 +40,12 @@ class ToolError(Exception):
 @dataclass(frozen=True, slots=True)
 class Param:
     """One argument of a tool, as JSON (``name``) and on the command line (``flag``, or
-    positional when it has none; ``rest``: after ``--``, like a script and its arguments)."""
+    positional when it has none; ``rest``: after ``--``, like a script and its arguments).
+
+    ``help`` says what the argument is, never its default: the JSON schema gives ``default``
+    apart, and :meth:`add_to` adds it to a command's ``--help``. ``bare`` is the value
+    of the flag given alone (``--tolerant`` is ``--tolerant=auto``): the value is then
+    optional, and given, written after ``=``; ``metavar`` names the value (default: NAME)."""
 
     name: str
     kind: Kind
@@ -51,7 +57,33 @@ class Param:
     minimum: float | None = None
     maximum: float | None = None
     rest: bool = False
-    metavar: str | None = None  # its value's name in usage lines (default: the name, upper case)
+    bare: str | None = None
+    metavar: str | None = None
+
+    @property
+    def word(self) -> str:
+        """The value's name in usage lines and help."""
+        return self.metavar or self.name.upper()
+
+    def add_to(self, parser: argparse.ArgumentParser, dest: str) -> argparse.Action:
+        """The parameter as an argument of a command's parser (``dest`` its attribute): the
+        one rendering of a parameter as a command-line option, so ``--help`` says what the
+        usage line and the JSON schema say. Neither ``rest`` nor arrays: commands that take
+        them (record, hunt) declare their own parsers."""
+        if self.flag is None:
+            return parser.add_argument(dest, metavar=self.word, type=_COMMAND_LINE_TYPES[self.kind])
+        if self.kind == "boolean":
+            return parser.add_argument(self.flag, dest=dest, action="store_true", help=self.help)
+        return parser.add_argument(
+            self.flag,
+            dest=dest,
+            nargs=None if self.bare is None else "?",
+            const=self.bare,
+            metavar=self.word,
+            type=_COMMAND_LINE_TYPES[self.kind],
+            choices=self.choices or None,
+            help=self.help if self.default is None else f"{self.help} (default: {self.default})",
+        )
 
     def schema(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.kind, "description": self.help}
@@ -83,30 +115,18 @@ class Param:
             raise ToolError(f"{self.name} must be at most {self.maximum:g}, not {value}")
         return value
 
-    def add_to(self, parser: argparse.ArgumentParser) -> None:
-        """This parameter as a switch of a command's own parser (a command that declares its
-        arguments itself takes a tool's parameter so, with the tool's words)."""
-        assert self.flag is not None, f"{self.name} is positional"
-        if self.kind == "boolean":
-            parser.add_argument(self.flag, dest=self.name, action="store_true", help=self.help)
-            return
-        convert = {"integer": int, "number": float}.get(self.kind, str)
-        parser.add_argument(
-            self.flag, dest=self.name, type=convert, metavar=self.word, help=self.help
-        )
-
-    @property
-    def word(self) -> str:
-        """The value's name in usage lines."""
-        return self.metavar or self.name.upper()
-
     def usage(self) -> str:
         word = self.word
         if self.rest:
             return f"[{word}…]" if self.kind == "array" else word
         if self.flag is None:
             return word
-        text = self.flag if self.kind == "boolean" else f"{self.flag} {word}"
+        if self.kind == "boolean":
+            text = self.flag
+        elif self.bare is not None:
+            text = f"{self.flag}[={word}]"
+        else:
+            text = f"{self.flag} {word}"
         return text if self.required else f"[{text}]"
 
 
@@ -126,11 +146,11 @@ OFFSET = Param(
 
 
 def limit_param(default: int | None) -> Param:
-    most = "as many as fit" if default is None else str(default)
+    as_many = " (default: as many as fit)" if default is None else ""
     return Param(
         "limit",
         "integer",
-        f"items in the page (default: {most})",
+        f"items in the page{as_many}",
         "--limit",
         default=default,
         minimum=1,
@@ -228,8 +248,12 @@ class Tool:
                 rest += values
             elif p.flag is None:
                 words += values
+            elif value is True or value == p.bare:
+                words.append(p.flag)
+            elif p.bare is not None:  # an optional value is written with the flag
+                words.append(f"{p.flag}={value}")
             else:
-                words += [p.flag] if value is True else [p.flag, *values]
+                words += [p.flag, *values]
         tail = [*self.fixed, "--json"] if json else []
         return [*words, *tail, *(["--", *rest] if rest else [])]
 

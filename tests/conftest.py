@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from browser import browser_page, chromium  # noqa: F401  (fixtures of every module)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -234,6 +234,7 @@ class Mutation:
     rule: Rule
     applies: Callable[[Program], bool]
     change: Change
+    devices: tuple[str, ...] = ("cpu", "cuda")  # where its programs can run
 
 
 def _always(p: Program) -> bool:
@@ -306,7 +307,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("order", "data", SameOps(ARGUMENT, ("slice_x",)), _always,
              _b(lambda p: replace(p, order=_order(p)))),
     Mutation("numpy_write", "unrecorded write", SameOps(frozenset({"external"})), _always,
-             _numpy_write),
+             _numpy_write, devices=("cpu",)),  # NumPy reaches CPU tensors only
     Mutation("no_zero_grad", "structure", ForgottenZeroGrad(), _always,
              _b(lambda p: replace(p, zero_grad=False))),
     Mutation("seed", "seed", SameOps(frozenset({"rng"}), ("first_layer",)), _always,
@@ -322,7 +323,11 @@ BY_NAME = {m.name: m for m in MUTATIONS}
 
 def applies(mutation: Mutation, program: Program) -> bool:
     """Whether ``mutation`` makes sense on ``program`` and its right answer can be known."""
-    return mutation.applies(program) and not (program.compile and mutation.rule.needs_ops)
+    return (
+        program.device in mutation.devices
+        and mutation.applies(program)
+        and not (program.compile and mutation.rule.needs_ops)
+    )
 
 
 @dataclass(frozen=True)
@@ -342,20 +347,22 @@ class Pair:
 SEED_STRIDE = 1_000_003  # seeds tried for a mutation that does not apply: seed, seed + STRIDE, …
 
 
-def make_pair(mutation: str, seed: int, *, compile_rate: float = 0.0) -> Pair:
-    """The pair of ``mutation`` on the first program, from ``seed`` on in steps of
-    :data:`SEED_STRIDE`, that it applies to."""
+def make_pair(mutation: str, seed: int, *, compile_rate: float = 0.0, device: str = "cpu") -> Pair:
+    """The pair of ``mutation`` on the first program on ``device``, from ``seed`` on in steps
+    of :data:`SEED_STRIDE`, that it applies to."""
     chosen = BY_NAME[mutation]
     for attempt in range(1000):
-        program = generate(seed + attempt * SEED_STRIDE, compile_rate=compile_rate)
+        program = generate(seed + attempt * SEED_STRIDE, compile_rate=compile_rate, device=device)
         if applies(chosen, program):
             a, b = chosen.change(program)
             return Pair(chosen, program.seed, a, b)
     raise ValueError(f"{mutation}: applies to no program from seed {seed}")
 
 
-def pair_of(index: int, *, compile_rate: float = 0.0) -> Pair:
+def pair_of(index: int, *, compile_rate: float = 0.0, device: str = "cpu") -> Pair:
     """The ``index``-th pair of a run of the fuzzer: the mutations in turn, each on the program
-    of seed ``index`` (or the next it applies to), so every class gets its share."""
-    mutation = MUTATIONS[index % len(MUTATIONS)]
-    return make_pair(mutation.name, index, compile_rate=compile_rate)
+    of seed ``index`` (or the next it applies to), so every class that runs on ``device``
+    gets its share."""
+    classes = [m for m in MUTATIONS if device in m.devices]
+    mutation = classes[index % len(classes)]
+    return make_pair(mutation.name, index, compile_rate=compile_rate, device=device)

@@ -3,7 +3,7 @@ with ``opguard.analysis`` (neither its alignment nor its judgement) or OpGuard's
 
 :func:`observe` runs a script as ``__main__`` under the oracle's own ``TorchDispatchMode``, which
 keeps every op's full inputs (their bytes, read before the op runs) and outputs (read after it),
-its non-tensor arguments, the random generator state it consumed (the CPU generator's state
+its non-tensor arguments, the random generator state it consumed (the generators' state
 before the op, where the op changed it), its step (optimizer steps counted by a post-step hook)
 and its line in the script, as OpGuard documents call sites (docs/RECORDING.md): the innermost
 frame of the script's file on the Python stack, and for a backward op the forward call that
@@ -38,7 +38,7 @@ How a difference is followed, op by op, in execution order (``_Walk``):
 - a view op (its schema says its output aliases its input, it reads no value) with an external
   input and the same arguments passes the difference on as external; it is never a source
   unless its own arguments differ (a slice with another start);
-- a random op reads and writes the CPU generator's state, one more input and output: its
+- a random op reads and writes the generators' state (CPU and GPU), one more input and output: its
   state differs *internally* after an earlier random op drew from another state, *externally*
   where no op made it differ (another seed);
 - any other op whose outputs differ is a **source**: ``external`` (an external input),
@@ -95,10 +95,20 @@ def value_bytes(x: Any) -> bytes:
         head = f"{t.dtype}{tuple(t.shape)}|".encode()
         if t.numel() == 0:
             return head
-        return head + t.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+        return head + t.reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes()
     if isinstance(x, float):
         return x.hex().encode()
     return (repr(x) if isinstance(x, _PLAIN) else type(x).__name__).encode()
+
+
+def generator_state() -> torch.Tensor:
+    """The states of the random generators a script's ops draw from, as one byte tensor: the
+    CPU's and, on a machine with a GPU, the first GPU's (a dropout on the GPU draws from it)."""
+    states = [torch.default_generator.get_state()]
+    if torch.cuda.is_available():
+        torch.cuda.init()  # the GPU's generator exists from the start, not from CUDA's first use
+        states.append(torch.cuda.default_generators[0].get_state())
+    return torch.cat(states)
 
 
 def _leaves(x: Any) -> Iterator[Any]:
@@ -138,7 +148,7 @@ class Event:
     line: int  # of the script's innermost frame; 0 when the script was not on the stack
     view: bool
     arguments: str
-    random: bool  # it drew random numbers: its last input and output are the CPU generator's
+    random: bool  # it drew random numbers: its last input and output are the generators' state
     inputs: list[bytes | None]  # None: uninitialized memory
     producers: list[Slot | None]
     outputs: list[bytes]
@@ -167,9 +177,9 @@ class _Observer(TorchDispatchMode):
         index = len(self.events)
         read = [t for t in _leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         inputs = [self.read(t) for t in read]
-        rng_before = torch.default_generator.get_state()
+        rng_before = generator_state()
         result = func(*args, **kwargs)
-        rng_after = torch.default_generator.get_state()
+        rng_after = generator_state()
         consumed = not torch.equal(rng_before, rng_after)
         view = any(
             r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns
@@ -223,11 +233,10 @@ class _Observer(TorchDispatchMode):
         return value_bytes(t), max(candidates) if candidates else None
 
     def snapshot(self, tensors: dict[str, torch.Tensor]) -> State:
-        """Named tensors' bytes, each with the slot that last wrote it, and the CPU generator's
+        """Named tensors' bytes, each with the slot that last wrote it, and the generators'
         state (state too: every later random op draws from it)."""
         state = {name: (value_bytes(t), self.read(t)[1]) for name, t in tensors.items()}
-        generator = torch.default_generator.get_state()
-        state["cpu generator"] = (value_bytes(generator), self._generator_writer)
+        state["generator"] = (value_bytes(generator_state()), self._generator_writer)
         return state
 
     def _outputs(

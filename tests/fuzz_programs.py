@@ -2,13 +2,19 @@
 
 A :class:`Program` holds every choice of one program: the model (an MLP, a CNN with BatchNorm, or
 a causal language model with attention blocks and embeddings), its norms, activation and dropout,
-the optimizer and its options, the scheduler, gradient accumulation, clipping, bf16 autocast on
-the CPU, ``torch.compile``, an L2 penalty, and the knobs the mutation catalogue
+the optimizer and its options, the scheduler, gradient accumulation, clipping, bf16 autocast,
+``torch.compile``, an L2 penalty, and the knobs the mutation catalogue
 (``fuzz_mutations.py``) turns: the thread count, the seeds, the batch order, an identity
 refactor, a logging line and so on. :func:`render` writes it as a real Python script, so that the
 call sites a recorder sees are real lines of a real file, and says which line plays which role
 (``opt_step``, ``backward``, ``penalty``, …): the catalogue's answers name lines by role, never by
 number, because a mutation that inserts a line moves every line after it.
+
+A program runs on the CPU or, drawn with ``device="cuda"``, on a GPU: there it may also use a fused
+optimizer and run its forward on a side stream, and it asks for PyTorch's deterministic algorithms
+(cuBLAS's fixed workspace, deterministic cuDNN and index kernels), so that each script computes
+the same bits every time it runs: the oracle observes one execution of a script and OpGuard
+records another, and the truth must hold for both.
 
 Every script seeds itself and sets its own thread count first, so that many scripts can run one
 after the other in one process (``import torch`` costs seconds, a tiny program well under one),
@@ -19,7 +25,7 @@ and keeps what the truth oracle compares at module level: ``model``, ``opt`` and
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 FAMILIES = ("mlp", "cnn", "lm")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
@@ -60,6 +66,9 @@ class Program:
     autocast: bool = False
     compile: bool = False
     penalty: bool = False
+    device: str = "cpu"  # "cpu" or "cuda"
+    fused: bool = False  # GPUs: the optimizer's fused kernels (``fused=True``)
+    side_stream: bool = False  # GPUs: the forward and the loss on a side stream
     # -- what mutations change --------------------------------------------------------------
     threads: int = 1
     init_seed: int = 0
@@ -96,14 +105,16 @@ class Program:
         return self.optimizer in ("adam", "adamw")
 
 
-def generate(seed: int, *, compile_rate: float = 0.0) -> Program:
-    """The program of ``seed``: every choice drawn from ``random.Random(seed)``, so a seed names
-    a program for good (a failure saved by ``bench/fuzz.py`` is rebuilt from its seed)."""
+def generate(seed: int, *, compile_rate: float = 0.0, device: str = "cpu") -> Program:
+    """The program of ``seed`` on ``device``: every choice drawn from ``random.Random(seed)``, so
+    a seed names a program for good (a failure saved by ``bench/fuzz.py`` is rebuilt from its
+    seed). A GPU program draws its own choices after the others: it is the CPU program of its
+    seed, moved to the GPU, with those."""
     rng = random.Random(seed)
     family = rng.choice(FAMILIES)
     optimizer = rng.choice(OPTIMIZERS)
     norms = ("batch",) if family == "cnn" else ("none", "layer", "rms", "rms_manual")
-    return Program(
+    program = Program(
         seed=seed,
         family=family,
         width=rng.choice((8, 16, 32)),
@@ -134,6 +145,17 @@ def generate(seed: int, *, compile_rate: float = 0.0) -> Program:
         threads=rng.choice((1, 1, 1, 2)),  # two threads cost 10x on a busy machine
         init_seed=rng.randrange(1000),
         loop_seed=rng.randrange(1000),
+    )
+    if device == "cpu":
+        return program
+    fused = program.optimizer != "momentum" and rng.random() < 0.4  # no fused nesterov SGD
+    return replace(
+        program,
+        device=device,
+        fused=fused,
+        foreach=None if fused else program.foreach,
+        autocast=program.autocast or rng.random() < 0.33,  # half of them: what GPUs train in
+        side_stream=rng.random() < 0.3,
     )
 
 
@@ -178,10 +200,17 @@ def render(p: Program, title: str = "") -> Script:
     if p.family == "lm" and p.attention == "manual":
         w.add("import math")
         w.add("")
+    if p.device == "cuda":
+        w.add("import os")
+        w.add("")
     w.add("import torch")
     w.add("import torch.nn.functional as F")
     w.add("from torch import nn")
     w.add("")
+    if p.device == "cuda":  # the same bits at every execution (the module doc)
+        w.add('os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")')
+        w.add("torch.use_deterministic_algorithms(True)")
+        w.add("torch.backends.cudnn.benchmark = False")
     w.add(f"torch.set_num_threads({p.threads})", role="threads")
     w.add(f"torch.manual_seed({p.init_seed})", role="seed")
     w.add("")
@@ -268,7 +297,9 @@ def _mlp(w: _Writer, p: Program) -> None:
 
 def _cnn(w: _Writer, p: Program) -> None:
     pooled = 4 if p.pool == "avg" else (IMAGE // 2) ** 2
-    pool = "nn.AdaptiveAvgPool2d(2)" if p.pool == "avg" else "nn.MaxPool2d(2)"
+    # to 2 x 2 either way; the adaptive pool's backward has no deterministic CUDA kernel
+    average = "nn.AdaptiveAvgPool2d(2)" if p.device == "cpu" else f"nn.AvgPool2d({IMAGE // 2})"
+    pool = average if p.pool == "avg" else "nn.MaxPool2d(2)"
     w.add("class Net(nn.Module):")
     w.add("def __init__(self):", 1)
     w.add("super().__init__()", 2)
@@ -370,6 +401,8 @@ def _optimizer(p: Program) -> str:
         options.append(f"weight_decay={p.weight_decay}")
     if p.foreach is not None:
         options.append(f"foreach={p.foreach}")
+    if p.fused:
+        options.append("fused=True")
     kind = {"sgd": "SGD", "momentum": "SGD", "adam": "Adam", "adamw": "AdamW"}[p.optimizer]
     return f"torch.optim.{kind}(model.parameters(), {', '.join(options)})"
 
@@ -384,14 +417,16 @@ def _scheduler(p: Program) -> str:
 
 
 def _data(w: _Writer, p: Program) -> None:
+    """The data set, drawn on the CPU (the same on every device) and moved to the program's."""
     rows = p.batches * p.batch + 1  # one row to spare, for a slice shifted by one
+    to = "" if p.device == "cpu" else f'.to("{p.device}")'
     if p.family == "lm":
-        w.add(f"tokens = torch.randint(0, {VOCAB}, ({rows}, {CONTEXT + 1}))")
+        w.add(f"tokens = torch.randint(0, {VOCAB}, ({rows}, {CONTEXT + 1})){to}")
         w.add("data, target = tokens[:, :-1], tokens[:, 1:]")
     else:
         shape = f"{IN_FEATURES}" if p.family == "mlp" else f"{CHANNELS}, {IMAGE}, {IMAGE}"
-        w.add(f"data = torch.randn({rows}, {shape})")
-        w.add(f"target = torch.randint(0, {CLASSES}, ({rows},))")
+        w.add(f"data = torch.randn({rows}, {shape}){to}")
+        w.add(f"target = torch.randint(0, {CLASSES}, ({rows},)){to}")
 
 
 def _loss(p: Program) -> str:
@@ -401,7 +436,7 @@ def _loss(p: Program) -> str:
 
 
 def _training(w: _Writer, p: Program) -> None:
-    w.add("model = Net()")
+    w.add("model = Net()" if p.device == "cpu" else f'model = Net().to("{p.device}")')
     if p.compile:
         w.add("model = torch.compile(model)")
     w.add(f"opt = {_optimizer(p)}")
@@ -411,6 +446,8 @@ def _training(w: _Writer, p: Program) -> None:
     w.add(f"ORDER = {list(p.batch_order)}", role="order")
     w.add(f"torch.manual_seed({p.loop_seed})", role="loop_seed")
     w.add("LOSSES = []")
+    if p.side_stream:
+        w.add("side = torch.cuda.Stream()")
     w.add(f"for step in range({p.steps}):")
     if p.zero_grad:
         w.add("opt.zero_grad()", 1, role="zero_grad")
@@ -426,11 +463,17 @@ def _training(w: _Writer, p: Program) -> None:
     for text, role in reversed(slices) if p.reorder == "slices" else slices:
         w.add(text, 2, role=role)
     indent = 2
+    if p.side_stream:  # the forward waits for the default stream's work, and it for the forward
+        w.add("side.wait_stream(torch.cuda.current_stream())", indent)
+        w.add("with torch.cuda.stream(side):", indent)
+        indent += 1
     if p.autocast:
-        w.add('with torch.autocast("cpu", dtype=torch.bfloat16):', 2)
-        indent = 3
+        w.add(f'with torch.autocast("{p.device}", dtype=torch.bfloat16):', indent)
+        indent += 1
     w.add("out = model(x)", indent, role="model")
     w.add(f"loss = {_loss(p)}", indent, role="loss")
+    if p.side_stream:
+        w.add("torch.cuda.current_stream().wait_stream(side)", 2)
     if p.penalty:
         params = (
             "reversed(list(model.parameters()))" if p.penalty_reversed else "model.parameters()"

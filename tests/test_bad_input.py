@@ -26,8 +26,10 @@ from typing import Any
 
 import lmdb
 import msgpack
+import numpy as np
 import pytest
 import torch
+from conftest import run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,7 +38,7 @@ from opguard.analysis.align.keys import KeyTable, OpKeys
 from opguard.store import RankTrace, Run, TraceWriter, schema
 from opguard.store.errors import DamagedRecord
 from opguard.store.light import LightReader, check_light
-from opguard.store.reader import _unpack
+from opguard.store.reader import _unpack, mapped_spans
 
 DRIVER = Path(__file__).resolve().parent / "cli_driver.py"
 
@@ -597,6 +599,90 @@ def test_readable_damage_is_reported_not_hidden(
     assert diffed["verdict"] == "identical" and diffed["unaligned_a"] == 0
     assert any("did not finish" in note for note in diffed["notes"])
     assert "did not finish" in diffed["scope"]  # the verdict covers the steps compared
+
+
+# -- damage inside a recorded trace's data -----------------------------------------------------
+
+
+def _live_offset(rank_dir: Path, db: bytes, key: bytes) -> int:
+    """Where the value of ``key`` in database ``db`` lies in ``rank_dir``'s data.mdb, in the
+    snapshot LMDB reads (copies of its page from earlier commits lie elsewhere, unread): LMDB
+    hands out values as views of its map of the file."""
+    env = lmdb.open(str(rank_dir), readonly=True, lock=False, max_dbs=len(schema.DB_NAMES))
+    try:
+        with env.begin(buffers=True) as txn:
+            value = txn.get(key, db=env.open_db(db, txn=txn, create=False))
+            ((start, _),) = mapped_spans(rank_dir)
+            return int(np.frombuffer(value, dtype=np.uint8).ctypes.data) - start
+    finally:
+        env.close()
+
+
+PAGE = 4096
+# Bytes overwritten around op N's record (its value at ``v``; before it, its key and node
+# header; the page's header and node pointers at the start of its page): where, and with what.
+DAMAGE: dict[str, Callable[[int], tuple[int, bytes]]] = {
+    "page-header": lambda v: (v - v % PAGE, b"\xff" * 16),
+    "node-pointers": lambda v: (v - v % PAGE + 16, b"\xff" * 8),
+    "node-header": lambda v: (v - 16, b"\xff" * 8),
+    "record": lambda v: (v + 2, b"\xc1" * 8),
+}
+
+
+@pytest.fixture(scope="module")
+def longer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The good run's training for 12 steps: a trace of dozens of pages."""
+    return _train(tmp_path_factory.mktemp("longer") / "run", steps=12)
+
+
+@pytest.mark.parametrize("share", [0.3, 0.6, 0.9])
+@pytest.mark.parametrize("kind", sorted(DAMAGE))
+def test_damage_inside_the_ops_reads_the_records_before_it(
+    longer: Path, tmp_path: Path, kind: str, share: float
+) -> None:
+    """Bytes overwritten inside a page of op records in the middle of the file: the records
+    before the damage are read and compared (incomplete, exit 3), never a whole rank refused,
+    never a verdict of equality; where reading stopped is said."""
+    with Run(longer) as run:
+        ops = len(run.rank(0))
+    index = int(ops * share)
+    damaged = _copy(longer, tmp_path)
+    at, garbage = DAMAGE[kind](_live_offset(damaged / "rank-0", b"ops", schema.op_key(index)))
+    with open(_data(damaged), "r+b") as f:
+        f.seek(at)
+        f.write(garbage)
+    result = run_cli("diff", str(longer), str(damaged), "--json")
+    assert result.returncode == 3 and not result.stderr, (result.returncode, result.stderr)
+    diffed = json.loads(result.stdout)
+    ((unread),) = diffed["unread"]
+    assert (diffed["verdict"], unread["run"]) == ("incomplete", "b")
+    shown = json.loads(run_cli("show", str(damaged), "--json").stdout)["ranks"][0]
+    assert shown["damage"] == unread["why"]
+    if kind == "record":  # the record does not decode: every one before it is read
+        assert "damaged record" in unread["why"] and diffed["aligned"] == shown["ops"] == index
+        return
+    # The page is damaged: its records and those after it cannot be reached in order.
+    assert "reading stopped at a damaged page" in unread["why"], unread
+    last = shown["last_op"]["index"]
+    assert f"{last + 1} op record(s) read, up to op {last}" in unread["why"]
+    assert 0 < last < index and diffed["aligned"] == shown["ops"] == last + 1
+    past = run_cli("show", str(damaged), "--ops", str(index))
+    assert past.returncode == 2 and len(past.stderr.splitlines()) == 1, past.stderr
+
+
+def test_a_damaged_step_record_is_no_verdict_of_equality(longer: Path, tmp_path: Path) -> None:
+    """Bytes overwritten inside a step-level record (compressed, over overflow pages): every op
+    compares equal, but the run could not be read to its end."""
+    damaged = _copy(longer, tmp_path)
+    at = _live_offset(damaged / "rank-0", b"steps", schema.op_key(5))
+    with open(_data(damaged), "r+b") as f:
+        f.seek(at + 200)
+        f.write(b"\xff" * 64)
+    result = run_cli("diff", str(longer), str(damaged), "--json")
+    assert result.returncode == 3, (result.returncode, result.stderr)
+    diffed = json.loads(result.stdout)
+    assert diffed["verdict"] == "incomplete" and diffed["unaligned_b"] == 0
+    assert "damaged step record: step 5" in diffed["unread"][0]["why"]
 
 
 # -- decoding stored records (hypothesis) --------------------------------------------------------

@@ -277,6 +277,27 @@ def _diff(a: Path, b: Path) -> dict:
     return json.loads(result.stdout)
 
 
+def test_gradient_accumulation_on_the_gpu_has_the_backward_call_site(tmp_path: Path) -> None:
+    """A GPU's backward runs on an autograd thread without Python frames: the ops with no
+    forward op (AccumulateGrad's writes into ``.grad``) take the ``backward()`` call's line from
+    the training's thread, as on the CPU, not an unknown site."""
+    import opguard
+    from opguard.store import Run
+
+    here = Path(__file__).resolve()
+    with opguard.record(tmp_path / "run"):
+        layer = torch.nn.Linear(4, 3).cuda()
+        for _ in range(2):  # the second backward accumulates into .grad: add_
+            layer(torch.randn(2, 4, device="cuda")).sum().backward()  # <- accumulating backward
+    with Run(tmp_path / "run") as run:
+        ops = list(run.rank(0).ops())
+    accumulated = [o for o in ops if o.phase == "backward" and o.op == "aten::add_.Tensor"]
+    assert accumulated
+    assert {(o.call_site.file, o.call_site.line) for o in accumulated} == {
+        (str(here), line_of(here, "accumulating backward"))
+    }
+
+
 def test_recorded_gpu_losses_are_bit_identical(tmp_path: Path) -> None:
     plain = _run(str(SCENARIOS / "train_small.py"), cwd=tmp_path)
     assert plain.returncode == 0, plain.stderr

@@ -172,8 +172,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     finite, inf, nan = ([-1.0, 1.0, 0.0, 1.0, *counts] for counts in ((0, 0), (0, 3), (3, 0)))
     with TraceBuilder(root / "nan") as run:
         run.op("aten::randn.default", [], [tensor("0", 5, m=finite)])
+        # an intended -inf (a mask the softmax turns into zeros), then Inf and NaN that are not
+        run.op(
+            "aten::masked_fill.Scalar", [tensor("self", 5, 0, m=finite)], [tensor("0", 8, m=inf)]
+        )
+        run.op("aten::_softmax.default", [tensor("self", 8, 1, m=inf)], [tensor("0", 9, m=finite)])
         run.op("aten::log.default", [tensor("self", 5, 0, m=finite)], [tensor("0", 6, m=inf)])
-        run.op("aten::mul.Tensor", [tensor("self", 6, 1, m=inf)], [tensor("0", 7, m=nan)])
+        run.op("aten::mul.Tensor", [tensor("self", 6, 3, m=inf)], [tensor("0", 7, m=nan)])
     made["nan"] = run.path
     return {name: str(path) for name, path in made.items()}
 
@@ -220,7 +225,7 @@ def test_every_key_tensor_and_nan_write_is_specified(runs: dict[str, str]) -> No
     compared = BY_NAME["tensor"].call({"run_a": runs["ca"], "run_b": runs["cb"], "index": 0})
     assert_specified(TENSOR_SCHEMA, compared)
     found = BY_NAME["nan"].call({"run": runs["nan"]})
-    assert found["ranks"], "the run makes NaN and Inf"
+    assert found["ranks"][0]["intended"]["first"], "the run makes intended -inf, then NaN and Inf"
     assert_specified(NAN_SCHEMA, found, elsewhere={"ranks"})
     assert_specified(DIFF_SCHEMA, found["ranks"])  # as the diff's nonfinite gives them
 
@@ -256,7 +261,8 @@ def test_every_key_record_writes_is_specified(
 
     monkeypatch.setattr(recording, "run_opguard", child)
     answer = BY_NAME["record"].call({"output": str(run_dir), "script": "train.py"})
-    assert_specified("opguard record --json", answer, elsewhere={"ranks"})
+    assert answer["schema"] == recording.RECORD_SCHEMA
+    assert_specified(recording.RECORD_SCHEMA, answer, elsewhere={"ranks"})
     assert_specified("opguard show --json", answer["ranks"])
 
 

@@ -85,7 +85,7 @@ def _explain(outcome: dict) -> str:
     return "\n\n".join(f"{name} imported from:\n{stack}" for name, stack in outcome["attempts"])
 
 
-FRONT_ENDS = ["textual", "litellm", "mcp"]
+FRONT_ENDS = ["textual", "litellm", "mcp", "textual_serve", "aiohttp"]
 
 
 def test_recording_loads_no_front_end(tmp_path: Path) -> None:

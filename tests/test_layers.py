@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("opguard.analysis.diff",),
     ("opguard.analysis", "opguard.analysis.contract", "opguard.analysis.browse"),
     ("opguard.recorder", "opguard.hunt", "opguard.tool_registry"),
+    ("opguard.report",),
     ("opguard.agent",),
     ("opguard.tools",),
     ("opguard.tui",),

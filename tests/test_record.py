@@ -692,6 +692,25 @@ def test_inputs_carry_their_producer(tmp_path: Path) -> None:
     assert last_mul.inputs[0].hash == add_.outputs[0].hash
 
 
+def test_parameters_moved_by_module_to_keep_their_producer(tmp_path: Path) -> None:
+    """``module.to(...)`` swaps each parameter's memory (``param.data = copy``), leaving the
+    parameter its own version counter: its readers, and the views C++ makes of it (F.linear's
+    ``weight.t()``), name the copy as producer, so a difference in a parameter is followed to
+    where it was made (every model moved to a GPU is)."""
+    with opguard.record(tmp_path / "run"):
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(4, 3).double()
+        layer(torch.randn(2, 4, dtype=torch.float64)).sum()
+        layer.weight.pow(2).sum()
+    ops = list(open_trace(tmp_path / "run").ops())
+    weight_copy, bias_copy = [op.index for op in ops if op.op == "aten::_to_copy.default"]
+    addmm = _find(ops, "aten::addmm.default")
+    pow_ = _find(ops, "aten::pow.Tensor_Scalar")
+    bias, _, weight_t = addmm.inputs
+    assert (bias.producer, weight_t.producer) == ((bias_copy, 0), (weight_copy, 0))
+    assert pow_.inputs[0].producer == (weight_copy, 0)
+
+
 def test_view_outputs_are_flagged_and_not_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -336,8 +336,11 @@ def test_answers_hold_the_facts(over_mcp: dict[str, Any], runs: dict[str, str]) 
     replay = answer["replay"]
     assert replay["deterministic"] and replay["matches_a"] and not replay["matches_b"]
     assert [d["name"] for d in replay["b_arguments_differ"]] == ["eps"]
-    # The demo's causal mask is filled with -inf: the first op to make a non-finite value.
-    assert answer["nan"]["ranks"][0]["first_seen"]["op"] == "aten::masked_fill.Scalar"
+    # The demo's causal mask is filled with -inf, which the softmax makes zeros: intended.
+    nan = answer["nan"]["ranks"][0]
+    assert (
+        nan["first_seen"] is None and nan["intended"]["first"]["op"] == "aten::masked_fill.Scalar"
+    )
     rec = answer["record"]
     assert rec["exit_code"] == 0 and rec["ranks"][0]["steps"] == 1 and rec["status"] == "stopped"
     hunt = answer["hunt"]  # step 7's loss scaled in run B: the step, then the op
@@ -430,6 +433,32 @@ def test_usage_lines_parse(runs: dict[str, str]) -> None:
                 assert str(stored) == str(given[p.name]), (tool.name, p.name)  # explain: strings
         if tool.name == "record":
             assert parsed["target"][-3:] == ["x", "y", "z"]  # script, then its arguments
+
+
+def test_an_optional_value_is_written_with_its_flag() -> None:
+    """``--tolerant`` takes its value only as ``--tolerant=REL`` (alone it means auto): the
+    usage line says so, and the command line a tool builds writes it so."""
+    from opguard.cli import build_parser
+
+    for name in ("diff", "explain"):
+        assert "[--tolerant[=REL]]" in BY_NAME[name].usage()
+    diff, runs = BY_NAME["diff"], {"run_a": "a", "run_b": "b"}
+    for value, word in (("auto", "--tolerant"), ("1e-3", "--tolerant=1e-3")):
+        argv = diff.argv({**runs, "tolerant": value})
+        assert argv[:4] == ["diff", "a", "b", word]
+        assert build_parser().parse_args(argv).tolerant == value
+
+
+def test_help_gives_each_default_once() -> None:
+    """A parameter's help says what it is, the CLI adds its default: the paged tools' --limit
+    said "(default: 20)" twice."""
+    from opguard.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for command, parser in sub.choices.items():
+        for action in parser._actions:
+            assert (action.help or "").count("(default:") <= 1, (command, action.help)
+    assert "items in the page (default: 20)" in sub.choices["ops"].format_help()
 
 
 def test_record_json_forwards_every_record_option() -> None:

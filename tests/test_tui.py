@@ -26,6 +26,7 @@ from traces import TraceBuilder, tensor
 from opguard.analysis import diff_runs
 from opguard.analysis.align.steps import StepIndex
 from opguard.analysis.browse.rows import OpLine, Row, Side, Status
+from opguard.analysis.browse.series import item_losses
 from opguard.analysis.tolerant.rule import Tolerance
 from opguard.store import (
     CallSite,
@@ -41,7 +42,6 @@ from opguard.tui.app import OpguardApp
 from opguard.tui.cursor import DebugCursor, Position, Query, RowFilter, Target
 from opguard.tui.detail import Selection, render
 from opguard.tui.screens.help import HelpScreen
-from opguard.tui.series import loss_series
 from opguard.tui.session import Session
 from opguard.tui.widgets.agent_panel import AgentPanel
 from opguard.tui.widgets.detail_pane import SETTLE_SECONDS, DetailPane
@@ -326,7 +326,7 @@ def test_rows_and_loss_of_written_runs(written: tuple[str, str]) -> None:
     assert any(
         r.status is Status.ONLY_A and r.a.name == "aten::clone.default" for r in rows.rows(1)
     )
-    series = loss_series(session.trace(Side.B, 0))
+    series = item_losses(session.trace(Side.B, 0))
     assert sorted(series) == [0, 1, 2] and series[1] == pytest.approx(1.0 + 7e-7)
     session.close()
 

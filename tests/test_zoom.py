@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli
+from conftest import line_of, run_cli
 from scenario_runs import BASE, session_recordings
 from test_imports import _explain, cli_without
 
@@ -163,6 +163,38 @@ def test_replay_of_gemms_with_transposed_weights(recordings, tmp_path: Path) -> 
         assert report["matches_a"] and report["deterministic"], report
 
 
+PLAIN_ARGUMENTS_SCRIPT = """
+import torch
+torch.manual_seed(0)
+x = torch.randn(4, 4)
+idx = torch.tensor([2, 0])
+a = x * 1.0  # <- number
+b = torch.add(x, 2, alpha=3)  # <- int
+c = x * 1j  # <- complex
+d = x[:, idx]  # <- none in list
+"""
+
+
+def test_replay_of_plain_values_where_a_tensor_is_taken(write_script, record) -> None:
+    """``x * 1.0`` calls ``mul.Tensor`` with ``other=1.0``: the schema says Tensor, the trace
+    holds the number among the arguments. ``x[:, idx]`` indexes with ``[None, idx]``, of which
+    only ``indices[1]`` is a tensor. The replay passes each as the call did and reproduces it."""
+    script = write_script("plain_arguments.py", PLAIN_ARGUMENTS_SCRIPT)
+    spec = ",".join(f"plain_arguments.py:{line_of(script, tag)}"
+                    for tag in ("number", "int", "complex", "none in list"))  # fmt: skip
+    run_dir = record(script, extra=("--capture", spec))
+    with Run(run_dir) as run:
+        trace = run.rank(0)
+        ops = {i: trace.op(i).op for i in trace.captured_ops()}
+    assert sorted(ops.values()) == [
+        "aten::add.Tensor", "aten::index.Tensor", "aten::mul.Tensor", "aten::mul.Tensor"
+    ]  # fmt: skip
+    for index in ops:
+        report = _json("replay", str(run_dir), "--op", str(index), "--times", "2", "--json")
+        assert report["matches_a"] and report["deterministic"], report
+        assert report["inputs_faithful"], report
+
+
 NAN_SCRIPT = """
 import torch
 torch.manual_seed(0)
@@ -189,6 +221,7 @@ def test_nan_origin_is_found(recordings, write_script, record) -> None:
     assert origin["outputs"] == [{"slot": "0", "nan": 0, "inf": 32}] and origin["inputs"] == []
     assert (nan["op"], nan["call_site"]["line"]) == ("aten::mul.Tensor", 10)
     assert rank["first_seen"]["index"] == origin["index"] and not rank["from_outside"]
+    assert rank["intended"] is None  # the Inf made NaN: neither is intended
     (base,) = recordings("base")
     assert run_cli("nan", str(base)).returncode == 0
     diff = _json("diff", str(base), str(run_dir), "--json")
@@ -258,6 +291,59 @@ def test_random_ops_are_not_replayed(seed_captures) -> None:
     a, _ = seed_captures
     result = run_cli("replay", str(a), "--op", "20")
     assert result.returncode == 2 and "random op" in result.stderr
+
+
+def test_the_demo_masks_are_intended(demo_runs: tuple[Path, Path]) -> None:
+    """The demo's causal mask fills the scores with -inf, which the softmax turns into zeros:
+    meant, so ``opguard nan`` names no origin and exits 0, counting them apart."""
+    baseline, _ = demo_runs
+    result = run_cli("nan", str(baseline))
+    assert result.returncode == 0, result.stderr
+    assert "8 op(s) output NaN or Inf, all intended" in result.stdout
+    (rank,) = _json("nan", str(baseline), "--json", codes=(0,))["ranks"]
+    assert rank["origin"] is rank["nan_origin"] is rank["first_seen"] is None
+    assert rank["ops"] == rank["intended"]["ops"] == 8
+    assert rank["intended"]["first"]["op"] == "aten::masked_fill.Scalar"
+
+
+INTENDED_SCRIPT = """
+import torch
+torch.manual_seed(0)
+T = 4
+w = torch.nn.Parameter(torch.randn(T, T))
+opt = torch.optim.SGD([w], lr=0.1)
+causal = torch.full((T, T), float("-inf")).triu(1)  # <- mask
+for step in range(3):
+    scores = w * 1.0 + causal[None, :, :]  # the mask added through views, then the softmax
+    handled = torch.nan_to_num(w.detach() / 0.0, posinf=0.0, neginf=0.0)
+    loss = (scores.softmax(-1) + handled).sum()
+    if step == 1:
+        masked = w.detach().masked_fill(torch.ones(T, T, dtype=torch.bool), float("-inf"))  # <- all
+        loss = loss + masked.softmax(-1).sum()  # <- NaN
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_intended_values_are_told_from_a_nan_they_do_not_explain(write_script, record) -> None:
+    """A mask made once and added through views in every step, and an Inf that nan_to_num
+    replaces, are intended; a row masked whole, whose softmax makes NaN that reaches the loss, is
+    not: its masked_fill is the origin and the softmax the NaN origin."""
+    script = write_script("intended.py", INTENDED_SCRIPT)
+    (rank,) = _json("nan", str(record(script)), "--json", codes=(1,))["ranks"]
+    origin, nan, intended = rank["origin"], rank["nan_origin"], rank["intended"]
+    assert (origin["op"], origin["step"]) == ("aten::masked_fill.Scalar", 1)
+    assert origin["call_site"]["line"] == line_of(script, "all")
+    assert (nan["op"], nan["call_site"]["line"]) == (
+        "aten::_softmax.default",
+        line_of(script, "NaN"),
+    )
+    assert (intended["first"]["op"], intended["first"]["call_site"]["line"]) == (
+        "aten::full.default",
+        line_of(script, "mask"),
+    )
+    assert intended["ops"] < rank["ops"]
 
 
 @pytest.mark.parametrize("command", ["tensor", "nan"])

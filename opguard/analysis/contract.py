@@ -263,6 +263,9 @@ def nonfinite_json(n: Nonfinite) -> dict[str, Any]:
         "first_seen": _nonfinite_op(n.first_seen),
         "from_outside": n.from_outside,
         "ops": n.ops,
+        "intended": {"ops": n.intended, "first": _nonfinite_op(n.first_intended)}
+        if n.intended
+        else None,
     }
 
 

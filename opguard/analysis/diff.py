@@ -76,6 +76,7 @@ def diff_rank(
         if trace_a.has_steps and trace_b.has_steps:
             result.states = compare_states(trace_a, trace_b, step=step)
             result.notes.extend(result.states.notes)
+            result.unread = _unread(trace_a, trace_b)  # a damaged step record as well
             if tolerance is None:  # else the states differ by rounding as the ops do
                 result.notes.extend(_before_the_ops(result))
     return result
@@ -143,7 +144,7 @@ def _diff_ops(
 ) -> RankDiff:
     table = KeyTable()
     # NaN/Inf origins come with the same scan; with --step the scan covers part of the runs.
-    watches = (NonfiniteWatch(), NonfiniteWatch()) if step is None else (None, None)
+    watches = (NonfiniteWatch(trace_a), NonfiniteWatch(trace_b)) if step is None else (None, None)
     layout = layout if tolerance is not None else None  # layouts are judged by --tolerant
     keys = OpKeys if layout is None else LayoutKeys
     reader_a = LightReader(trace_a, keys(trace_a, table), watches[0])
@@ -256,9 +257,18 @@ def _end_of_reading(result: RankDiff, trace_a: RankTrace, trace_b: RankTrace) ->
     """Notes how each run's recording ended and where reading it stopped, when that limits
     what was compared, and keeps what could not be read (the verdict is then incomplete)."""
     result.notes.extend(_trace_notes(trace_a, trace_b))
-    traces = (("A", trace_a), ("B", trace_b))
-    result.unread = [(name, trace.damage) for name, trace in traces if trace.damage]
-    result.unfinished = [name for name, trace in traces if not trace.finished]
+    result.unread = _unread(trace_a, trace_b)
+    result.unfinished = [
+        name for name, trace in (("A", trace_a), ("B", trace_b)) if not trace.finished
+    ]
+
+
+def _unread(trace_a: RankTrace, trace_b: RankTrace) -> list[tuple[str, str]]:
+    """What could not be read of each run, where reading stopped short (the verdict is then
+    incomplete)."""
+    return [
+        (name, trace.damage) for name, trace in (("A", trace_a), ("B", trace_b)) if trace.damage
+    ]
 
 
 def _trace_notes(trace_a: RankTrace, trace_b: RankTrace) -> list[str]:

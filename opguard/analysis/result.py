@@ -56,6 +56,17 @@ class StepSummary:
     def absorbed(self) -> int:
         return len(self.absorbed_pairs)
 
+    @property
+    def ops(self) -> int:
+        """The step's rows: aligned pairs and ops of one run only."""
+        return self.aligned + self.only_a + self.only_b
+
+    @property
+    def changed(self) -> int:
+        """The rows that are not the same in both runs: differing pairs, ops of one run only
+        (where along the run the runs differ, as the TUI's strip and the report's plot draw it)."""
+        return self.differing + self.only_a + self.only_b
+
 
 @dataclass
 class RankDiff:
@@ -266,6 +277,17 @@ class RunDiff:
                 unknown = distance is None or (step in largest and known is None)
                 largest[step] = None if unknown else max(known or 0.0, distance or 0.0)
         return sorted(largest.items())
+
+    def changed_share(self) -> list[tuple[int, float]]:
+        """The share of each compared step's rows that differ (:attr:`StepSummary.changed`),
+        over the ranks: where along the run ops differ."""
+        counts: dict[int, list[int]] = {}
+        for r in self.ranks:
+            for s in r.steps:
+                total = counts.setdefault(s.step, [0, 0])
+                total[0] += s.changed
+                total[1] += s.ops
+        return [(step, changed / ops) for step, (changed, ops) in sorted(counts.items()) if ops]
 
     @property
     def known_difference(self) -> str:

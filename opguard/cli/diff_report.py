@@ -348,23 +348,34 @@ def _print_nonfinite_section(ranks: list[RankDiff]) -> None:
 
 def _alike(rank: int, n: Nonfinite) -> str:
     """NaN/Inf values that both runs of a rank met alike, as run A (``n``) met them."""
-    op = n.origin or n.first_seen
-    how = "first made by" if n.origin is not None else "first read by"
+    op: OpRecord | None = n.origin
+    how = "first made by"
+    if op is None and n.first_seen is not None:
+        op, how = n.first_seen, "first read by"
+    elif op is None:
+        op, how = n.first_intended, f"all intended ({INTENDED}), first made by"
+    assert op is not None  # a rank without NaN or Inf has no Nonfinite
     return (
         f"rank {rank}: {n.ops} op(s) output NaN or Inf, {how} #{op.index} {op.op} at "
         f"{op.call_site.short()}"
     )
 
 
+# Why NaN/Inf values are intended (analysis.divergence.nonfinite), as the reports say it.
+INTENDED = "every op that read them made finite values"
+
+
 def print_nonfinite(label: str, n: Nonfinite) -> None:
-    """Where NaN/Inf first appeared in one rank of one run."""
-    console.print(f"  {escape(label)}: {n.ops} op(s) output NaN or Inf")
+    """Where NaN/Inf first appeared in one rank of one run, and the intended ones."""
+    all_intended = "" if n.found else ", all intended"
+    console.print(f"  {escape(label)}: {n.ops} op(s) output NaN or Inf{all_intended}")
+    if n.first_intended is not None:
+        _nonfinite_op(f"intended ({INTENDED}): {n.intended} op(s), first", n.first_intended)
     if n.origin is not None:
         _nonfinite_op("first made (inputs finite)", n.origin)
     if n.nan_origin is not None and n.nan_origin != n.origin:
         _nonfinite_op("first NaN (inputs without NaN)", n.nan_origin)
-    if n.from_outside:
-        op = n.first_seen
+    if n.from_outside and (op := n.first_seen) is not None:
         console.print(
             f"    already in the inputs of #{op.index} {escape(op.op)} at "
             f"{escape(op.call_site.short())}: "
@@ -385,8 +396,7 @@ def _print_roles(result: RunDiff) -> None:
         op = div.a or div.observed_a
         where = f"{op.op} at {op.call_site.short()}, step {div.step}"
         if role.collective is not None:
-            group = role.group
-            others = [k for k in group["ranks"] if k != r.rank] if group else []
+            others = role.senders(r.rank)
             peers = f" from rank(s) {', '.join(map(str, others))}" if others else ""
             console.print(f"  rank {r.rank}: [bold]receiver[/] — {escape(where)}: received{peers}")
         else:

@@ -9,6 +9,7 @@ the trace.
 from __future__ import annotations
 
 import sys
+import threading
 import traceback
 import weakref
 from collections.abc import Callable
@@ -81,6 +82,7 @@ class OpRecorder(TorchDispatchMode):
     ) -> None:
         super().__init__()
         self._writer = writer
+        self._thread = threading.get_ident()  # the training's thread: it calls backward()
         writer.pack_deferred = _C.OpRecord.pack_all  # the GPU records it defers (_after)
         self._sites = CallSites(writer)
         self._on_failure = on_failure
@@ -205,8 +207,11 @@ class OpRecorder(TorchDispatchMode):
             self._op_infos[id(func)] = info
         try:
             caller: FrameType | None = sys._getframe(1)  # the frame that ran the op
-        except ValueError:  # none: autograd's threads call ops from C++ alone
-            caller = None
+        except ValueError:
+            # None: an autograd device thread (a GPU's backward) calls ops from C++ alone while
+            # the training's thread waits in backward(): its stack is the op's call site, as
+            # it is where the backward runs on that thread (the CPU's)
+            caller = sys._current_frames().get(self._thread)
         if info.plain and self.capture is None and self._writer.error is None:
             return self._calls.call(info.plan, info.name_id, info.run, args, kwargs, caller)
         if self.perturbation is not None:

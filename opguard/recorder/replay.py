@@ -160,7 +160,9 @@ def build_call(op: OpRecord, tensors: list[CapturedTensor]) -> Call:
     for argument in func._schema.arguments:
         name = argument.name
         if "Tensor" in str(argument.type):
-            value = _tensor_argument(argument, inputs, recorded_inputs, outputs, info.out_args)
+            value = _tensor_argument(
+                argument, inputs, recorded_inputs, recorded, outputs, info.out_args
+            )
         elif name in recorded:
             value = _decode(recorded[name], str(argument.type))
         elif argument.has_default_value():
@@ -178,24 +180,36 @@ def _tensor_argument(
     argument: Any,
     inputs: dict[str, CapturedTensor],
     recorded: dict[str, TensorRecord],
+    values: dict[str, Any],
     outputs: dict[str, TensorRecord],
     out_args: frozenset[str],
 ) -> Any:
+    """What the call passed for an argument the schema types as a tensor (or list of them).
+
+    The recorder keeps the tensors among the inputs (a list's as ``name[k]``) and anything
+    else among the arguments: a Python number the caller gave (``x * 1.0`` passes ``other=1.0``,
+    which ATen wraps into a tensor), a bool, a None, a list without tensors. A list's
+    non-tensor items are not recorded: in ``Tensor?[]`` (``x[:, idx]`` indexes with
+    ``[None, idx]``) they can only be None, so the gaps between recorded slots are filled with
+    None (trailing Nones, which index nothing, are lost and not needed).
+    """
     name = argument.name
     if name in out_args:  # write-only: its old content is no input
         out = outputs.get(name)
         if out is None:
             return None
         return torch.empty(out.shape, dtype=getattr(torch, out.dtype))
-    if "List" in str(argument.type):
-        slots = sorted(
-            (s for s in recorded if s.startswith(f"{name}[")),
-            key=lambda s: int(s[len(name) + 1 : -1]),
-        )
-        return [_input(slot, inputs, recorded) for slot in slots]
-    if name not in recorded:
-        return None  # an optional tensor the call left out
-    return _input(name, inputs, recorded)
+    items = {int(s[len(name) + 1 : -1]): s for s in recorded if s.startswith(f"{name}[")}
+    if items:
+        return [
+            _input(items[k], inputs, recorded) if k in items else None
+            for k in range(max(items) + 1)
+        ]
+    if name in recorded:
+        return _input(name, inputs, recorded)
+    if name in values:
+        return _decode(values[name], str(argument.type))
+    return None  # an optional tensor the call left out
 
 
 def _input(slot: str, inputs: dict[str, CapturedTensor], recorded: dict[str, TensorRecord]) -> Any:
@@ -215,7 +229,13 @@ def _decode(value: Any, type_name: str) -> Any:
             return found
     if "Device" in type_name and isinstance(value, str):
         return torch.device(value)
-    if type_name in ("number", "Scalar", "complex") and isinstance(value, list) and len(value) == 2:
+    # A complex number is recorded as [real, imag]; where a single tensor is taken (x * 1j)
+    # a list can be nothing else.
+    if (
+        type_name in ("number", "Scalar", "complex", "Tensor", "Optional[Tensor]")
+        and isinstance(value, list)
+        and len(value) == 2
+    ):
         return complex(value[0], value[1])
     return value
 
@@ -363,10 +383,12 @@ def replay(
     op = trace.op(index)
     tensors = trace.captures(index)
     call = build_call(op, tensors)
-    faithful = all(
+    faithful = all(  # a view's recorded hash is not of its content (FLAG_VIEW): not checked
         _fingerprint(_tensor(t)) == op.inputs[t.position].hash
         for t in tensors
-        if t.direction == INPUT and op.inputs[t.position].hash is not None
+        if t.direction == INPUT
+        and op.inputs[t.position].hash is not None
+        and not op.inputs[t.position].is_view
     )
     results = []
     for device in devices:

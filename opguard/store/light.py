@@ -212,7 +212,8 @@ class LightReader:
     ) -> None:
         self.trace = trace
         self.keys = keys
-        # Told of every op with NaN or Inf in its stats, once, as columns() reads it.
+        # Told of every op with NaN or Inf in its stats, once, in execution order, as
+        # columns() reads it.
         self._watch = watch
         self._scanner = _NativeScanner() if _NativeScanner is not None else _PythonScanner()
 
@@ -262,7 +263,7 @@ class LightReader:
             if fallback:  # the scanner's breaks hold only without
                 breaks = [k for k in range(1, len(step)) if step[k] != step[k - 1]]
             if watch is not None:
-                for position, in_mask, out_mask in nonfinite:
+                for position, in_mask, out_mask in sorted(nonfinite):  # in execution order
                     if position < len(index):  # not past a damaged record
                         watch.see(index[position], in_mask, out_mask)
             yield OpColumns(step[0] if step else 0, index, keys, outputs), step, breaks, stop_here

@@ -6,7 +6,9 @@ reader of traces copied between machines, cut short by a full disk or damaged on
 die like that, so :func:`check_snapshot` walks the B-trees of the snapshot a read transaction
 sees and checks what LMDB would otherwise trust: every page number within the file, every page
 of the kind its depth demands and carrying its own number, every node and value inside its page
-or its overflow pages. Problems are :class:`TraceError` (one line for the user).
+or its overflow pages. Problems are :class:`TraceError` (one line for the user), but for the
+op records: a damaged page of the ``ops`` database leaves the records before it readable
+(:class:`Readable`), as a damaged record does.
 
 It reads the on-disk format of LMDB 0.9 as built for 64-bit little-endian machines (the only
 format py-lmdb writes there); anything else is reported as unreadable rather than guessed at.
@@ -76,14 +78,33 @@ _DB = struct.Struct("<IHHQQQQQ")
 _META = struct.Struct(f"<IIQQ{_DB.size}s{_DB.size}sQQ")
 
 
+# Databases read up to a damaged page rather than refused: a trace's op records, in the order
+# they were made, so the records before the damage are a run's first ops (a trace cut short).
+CUT_SHORT = ("ops",)
+
+
 class _Damaged(Exception):
     """Internal: what is wrong, turned into a TraceError naming the file."""
 
 
-def check_snapshot(data_file: Path, txnid: int) -> None:
+@dataclass(frozen=True)
+class Readable:
+    """What can be read of a database one of whose pages is damaged: its entries in key
+    order up to the last before the damage. LMDB reaches a page through the pages before it
+    in key order (a cursor moving on, a search descending), so the entries past a damaged page
+    cannot be reached in order, and a reader must never ask LMDB for one: not past
+    ``last_key``, not for the last entry, never a search for a key after it."""
+
+    last_key: bytes | None  # None: the first page in key order is damaged
+    entries: int  # how many entries there are up to ``last_key``
+    problem: str  # what is damaged, where
+
+
+def check_snapshot(data_file: Path, txnid: int) -> dict[str, Readable]:
     """Checks the snapshot of transaction ``txnid`` of the LMDB file ``data_file``. Call it
     while a read transaction of that snapshot is open, so that a live writer cannot reuse its
-    pages meanwhile."""
+    pages meanwhile. Returns what can be read of the databases of :data:`CUT_SHORT` that are
+    damaged (none: empty); damage anywhere else is a :class:`TraceError`."""
     problem = None
     try:
         with open(data_file, "rb") as f:
@@ -92,13 +113,12 @@ def check_snapshot(data_file: Path, txnid: int) -> None:
                 raise TraceError(f"{data_file.parent}: damaged trace (file too short for LMDB)")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
                 try:
-                    _Walker(data, size, txnid).walk_all()
+                    return _Walker(data, size, txnid).walk_all()
                 except _Damaged as exc:  # handled here: its frames hold views of the map
                     problem = str(exc)
     except (OSError, ValueError) as exc:
         raise TraceError(f"{data_file.parent}: unreadable trace ({exc})") from None
-    if problem is not None:
-        raise TraceError(f"{data_file.parent}: damaged trace ({problem})")
+    raise TraceError(f"{data_file.parent}: damaged trace ({problem})")
 
 
 @dataclass
@@ -150,9 +170,45 @@ class _Walker:
                 break
         raise _Damaged(f"no header page for transaction {txnid}")
 
-    def walk_all(self) -> None:
-        for name, db in self._walk(self.main_db, subdatabases=True, name="main"):
-            self._walk(db, subdatabases=False, name=name.decode(errors="replace"))
+    def walk_all(self) -> dict[str, Readable]:
+        readable: dict[str, Readable] = {}
+        for key, db in self._walk(self.main_db, subdatabases=True, name="main"):
+            name = key.decode(errors="replace")
+            problem = None
+            try:
+                self._walk(db, subdatabases=False, name=name)
+            except _Damaged as exc:
+                if name not in CUT_SHORT:
+                    raise
+                problem = str(exc)
+            if problem is not None:  # walked again in key order, out of the handler (the map)
+                readable[name] = self._in_order(db, name, problem)
+        return readable
+
+    def _in_order(self, db: bytes, name: str, problem: str) -> Readable:
+        """The entries of the tree ``db`` in key order up to its first damaged page, as LMDB
+        reaches them: each page checked on the way as :meth:`_walk` checks it, one at a time
+        (slower than the walk, and needed only where it found damage). ``problem``, what it
+        found, is raised again when no page on the way is damaged (a wrong count of entries)."""
+        _, _, depth, _, _, _, _, root = _DB.unpack(db)
+        last_key, entries = None, 0
+        pending = [(root, depth - 1)]  # pages to visit, the next in key order last
+        while pending:
+            pgno, below = pending.pop()
+            page = np.array([pgno], dtype=np.int64)
+            try:
+                for nodes in self._windows(page, P_BRANCH if below else P_LEAF, name):
+                    if below:
+                        children = (nodes.size | nodes.flags << 32).tolist()
+                        pending.extend((child, below - 1) for child in reversed(children))
+                    else:
+                        entries += self._leaves(nodes, name)
+            except _Damaged as exc:
+                return Readable(last_key, entries, str(exc))
+            if not below:
+                node, _, _, _, ksize = self._nodes(pgno, name, P_LEAF)[-1]
+                last_key = bytes(self.data[node + NODE_HEADER : node + NODE_HEADER + ksize])
+        raise _Damaged(problem)
 
     def _walk(self, db: bytes, *, subdatabases: bool, name: str) -> list[tuple[bytes, bytes]]:
         """Checks every page of the tree ``db`` describes; returns the named databases its

@@ -27,7 +27,7 @@ from .captures import CapturedTensor, parse_key
 from .environment import Environment, environment_of
 from .errors import DamagedRecord, TraceError
 from .meta import check_schema, read_meta
-from .pagecheck import check_snapshot
+from .pagecheck import Readable, check_snapshot
 from .records import (
     UNKNOWN_SITE,
     CallSite,
@@ -71,6 +71,15 @@ def _op_index(key: bytes | memoryview) -> int:
     if len(key) != schema.OP_KEY_SIZE:
         raise DamagedRecord(f"op key of {len(key)} bytes")
     return schema.op_index(bytes(key))
+
+
+def _through(pairs: Iterator[tuple[bytes, bytes]], last: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """``pairs`` (a cursor's) up to and including key ``last``, without asking the cursor for
+    the one after it: past a damaged page, LMDB must not move on."""
+    for key, value in pairs:
+        yield key, value
+        if key >= last:
+            return
 
 
 def _clamped(index: int) -> int:
@@ -135,6 +144,10 @@ class RankTrace:
         self.rank = rank
         self.meta = meta or {}  # its run's meta.json
         self.damage: str | None = None  # set when reading stopped at a damaged record
+        # What can be read of the op records when one of their pages is damaged (the ops up
+        # to ``_stop``, exclusive): set by :meth:`_check_structure`.
+        self._cut: Readable | None = None
+        self._stop: int | None = None
         # The ops :meth:`op` decoded last: the analysis reads an op's producers and readers
         # again around it (records never change once written, and are immutable).
         self._decoded: dict[int, OpRecord] = {}
@@ -166,12 +179,43 @@ class RankTrace:
 
     def _check_structure(self) -> None:
         """Refuses a truncated or structurally damaged file before LMDB reads its pages
-        (LMDB would crash the process on it, see :mod:`.pagecheck`)."""
+        (LMDB would crash the process on it, see :mod:`.pagecheck`), but for a damaged page of
+        the op records: the ops before it are read, as up to a damaged record."""
         try:
             with self._env.begin() as txn:
-                check_snapshot(self.path / "data.mdb", txn.id())
+                cut = check_snapshot(self.path / "data.mdb", txn.id()).get("ops")
         except lmdb.Error as exc:
             raise TraceError(f"{self.path}: not a readable OpGuard trace ({exc})") from None
+        if cut is None:
+            return
+        if cut.last_key is None or len(cut.last_key) != schema.OP_KEY_SIZE:
+            raise TraceError(f"{self.path}: damaged trace ({cut.problem}; no op before it)")
+        self._cut, self._stop = cut, schema.op_index(cut.last_key) + 1
+
+    @property
+    def _cut_short(self) -> str:
+        """What reading a trace with a damaged page of op records leaves out, as ``damage``
+        says it."""
+        assert self._cut is not None and self._stop is not None
+        return (
+            f"reading stopped at a damaged page: {self._cut.entries} op record(s) read, up to op "
+            f"{self._stop - 1}; those past it cannot be reached ({self._cut.problem})"
+        )
+
+    def _within_cut(self, stop: int | None) -> tuple[int | None, bool]:
+        """``stop`` (exclusive) kept to the op records that can be read, and whether it was
+        past them: a reading that gets to the end of them then notes :meth:`_cut_short`."""
+        if self._stop is None or (stop is not None and stop <= self._stop):
+            return stop, False
+        return self._stop, True
+
+    def _seek(self, cursor: lmdb.Cursor, start: int, stop: int | None) -> bool:
+        """Puts ``cursor`` on the first op record from ``start`` on, before ``stop``; False
+        when there is none. A search for a key past the readable records would reach a
+        damaged page: ``stop`` must be kept by :meth:`_within_cut`."""
+        if stop is not None and start >= stop:
+            return False
+        return bool(cursor.set_range(schema.op_key(_clamped(start))))
 
     def _read_info(self) -> dict[str, Any]:
         try:
@@ -240,7 +284,11 @@ class RankTrace:
         try:
             with self._env.begin() as txn:
                 cursor = txn.cursor(db=self._dbs["ops"])
-                if not (cursor.last() if last else cursor.first()):
+                if last and self._stop is not None:  # LMDB's last is past a damaged page
+                    found = cursor.set_key(schema.op_key(self._stop - 1))
+                else:
+                    found = cursor.last() if last else cursor.first()
+                if not found:
                     return None
                 op = self.decode(_unpack(cursor.value()))
         except (lmdb.Error, DamagedRecord) as exc:
@@ -256,6 +304,9 @@ class RankTrace:
         return f"has ops {first[0]} to {last[0]}"
 
     def __len__(self) -> int:
+        """The op records that can be read."""
+        if self._cut is not None:
+            return self._cut.entries
         with self._env.begin() as txn:
             return int(txn.stat(self._dbs["ops"])["entries"])
 
@@ -380,7 +431,8 @@ class RankTrace:
 
     def step_state(self, step: int) -> StepState | None:
         """The step-level record of step ``step`` (None: the trace holds none);
-        :class:`TraceError` when it is damaged."""
+        :class:`TraceError` when it is damaged, noted in :attr:`damage` (a comparison that
+        needed it is incomplete)."""
         db = self._dbs.get("steps")
         if db is None or not _holds(step):
             return None
@@ -389,6 +441,7 @@ class RankTrace:
                 raw = txn.get(schema.op_key(step), db=db)
             return None if raw is None else decode_step(_unpack(raw), self.state_names)
         except (lmdb.Error, DamagedRecord) as exc:
+            self.damage = f"reading stopped at a damaged step record: step {step} ({exc})"
             raise TraceError(f"{self.path}: step record {step} unreadable ({exc})") from None
 
     @cached_property
@@ -538,21 +591,26 @@ class RankTrace:
 
     def raw_ops(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
         """Undecoded op maps in execution order, from ``start`` up to ``stop`` (exclusive).
-        Reading ends at a damaged record, noted in :attr:`damage`."""
+        Reading ends at a damaged record or page, noted in :attr:`damage`."""
         if start > schema.MAX_OP_INDEX:
             return
+        stop, cut = self._within_cut(stop)
+        last = stop - 1 if cut and stop is not None else None  # the last before the damage
         try:
             with self._env.begin(buffers=True) as txn:
                 cursor = txn.cursor(db=self._dbs["ops"])
-                if not cursor.set_range(schema.op_key(_clamped(start))):
-                    return
-                for key, value in cursor:
+                for key, value in cursor if self._seek(cursor, start, stop) else ():
                     index = _op_index(key)
                     if stop is not None and index >= stop:
                         return
                     yield check_op(_unpack(value), tensors=False)
+                    if index == last:  # LMDB must stay on it: the next page is damaged
+                        break
         except (lmdb.Error, DamagedRecord) as exc:
             self.damage = f"reading stopped at a damaged record: {exc}"
+            return
+        if cut:
+            self.damage = self._cut_short
 
     def raw_chunks(
         self, start: int = 0, stop: int | None = None, size: int = CHUNK
@@ -560,7 +618,7 @@ class RankTrace:
         """Undecoded op records (msgpack bytes) in execution order, ``size`` at a time, from
         ``start`` up to ``stop`` (exclusive): the bulk read of the diff, which decodes only
         what it needs (:mod:`opguard.store.light`). Decoding errors are the caller's to
-        report in :attr:`damage`.
+        report in :attr:`damage`; the end of the records before a damaged page is noted there.
 
         Reading maps the trace's pages into the process, where they stay resident until the
         trace is closed: a whole-trace scan would grow with the trace. A whole-trace scan
@@ -572,35 +630,42 @@ class RankTrace:
             return
         if stop is not None and stop > schema.MAX_OP_INDEX:
             stop = None
+        whole = stop is None  # to the end of the trace
+        stop, cut = self._within_cut(stop)
         # Found once: the map stays where it is while the environment is open, as it is
         # whenever pages are released below (just after the cursor read from them).
-        spans = mapped_spans(self.path) if stop is None else []
+        spans = mapped_spans(self.path) if whole else []
         advise_pages(spans, _MADV_SEQUENTIAL)
         try:
             with self._env.begin() as txn:
                 cursor = txn.cursor(db=self._dbs["ops"])
-                if not cursor.set_range(schema.op_key(_clamped(start))):
-                    return
-                if stop is not None:  # keys too, to stop at
+                found = self._seek(cursor, start, stop)
+                if found and stop is not None:  # keys too, to stop at
                     stop_key = schema.op_key(_clamped(stop))
                     pairs = cursor.iternext(keys=True, values=True)
+                    if cut:  # never a step past the last record before the damage
+                        pairs = _through(pairs, schema.op_key(stop - 1))
                     while chunk := list(islice(pairs, size)):
                         if chunk[-1][0] >= stop_key:
                             del chunk[bisect_left(chunk, stop_key, key=itemgetter(0)) :]
                             if chunk:
                                 yield [value for _, value in chunk]
-                            return
+                            break
+                        advise_pages(spans, _MADV_DONTNEED)  # a whole trace before a damage
                         yield [value for _, value in chunk]
-                    return
-                values = cursor.iternext(keys=False, values=True)
-                while batch := list(islice(values, size)):
-                    advise_pages(spans, _MADV_DONTNEED)  # the batch is a copy
-                    yield batch
+                elif found:
+                    values = cursor.iternext(keys=False, values=True)
+                    while batch := list(islice(values, size)):
+                        advise_pages(spans, _MADV_DONTNEED)  # the batch is a copy
+                        yield batch
         except lmdb.Error as exc:
             self.damage = f"reading stopped at a damaged record: {exc}"
+            return
         finally:
-            if stop is None:  # as opened (readahead=False), if the map is still there
+            if whole:  # as opened (readahead=False), if the map is still there
                 advise_pages(mapped_spans(self.path), _MADV_RANDOM)
+        if cut:
+            self.damage = self._cut_short
 
     def ops(self, start: int = 0, stop: int | None = None) -> Iterator[OpRecord]:
         """Decoded ops in execution order; reading ends at a damaged record (see
@@ -617,6 +682,8 @@ class RankTrace:
         found = self._decoded.get(index)
         if found is not None:
             return found
+        if self._stop is not None and index >= self._stop:  # LMDB would search a damaged page
+            raise TraceError(f"{self.path}: no op {index} read ({self._cut_short})")
         try:
             with self._env.begin() as txn:
                 raw = txn.get(schema.op_key(index), db=self._dbs["ops"]) if _holds(index) else None

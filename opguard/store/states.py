@@ -137,6 +137,33 @@ def decode_step(raw: Any, names: dict[int, str]) -> StepState:
     return StepState(raw["s"], tuple(entries))
 
 
+def loss_tensors(raw: bytes) -> list[TensorRecord]:
+    """The loss entries of a stored step record (one a ``backward()`` call), read without
+    decoding the rest: a step computes its loss first, so they lead its entries, and a long
+    run's loss curve then reads one entry a step instead of every gradient and parameter.
+    Empty when the record holds no loss or is not a step record (decoding it says why)."""
+    try:
+        record = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        if not isinstance(record, dict):
+            return []
+        entries: Iterable[Any]
+        if isinstance(record.get("z"), bytes):
+            unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+            unpacker.feed(zlib.decompress(record["z"]))
+            entries = (unpacker.unpack() for _ in range(unpacker.read_array_header()))
+        else:
+            entries = record.get("e") or ()
+        losses = []
+        for entry in entries:
+            if not (isinstance(entry, list) and len(entry) == 4 and entry[0] == "loss"):
+                break
+            fields = entry[3]
+            losses.append(TensorRecord.decode({**fields, "n": entry[2]}))
+    except (zlib.error, ValueError, TypeError, msgpack.UnpackException, DamagedRecord):
+        return []
+    return losses
+
+
 def comparable_entries(raw: bytes, rename: Sequence[int] | None = None) -> list[Any] | None:
     """The entries of a stored step record as two runs' records compare: without their stats
     (the same content gets other means where another device or kernel reduced it) and with

@@ -18,10 +18,13 @@ PAIR = (RUN_A, RUN_B, INDEX, SIDE, RANK)
 TOLERANT = Param(
     "tolerant",
     "string",
-    "runs expected to differ by rounding (another torch, GPU, TF32, bf16): 'auto' names the "
-    "first difference rounding does not explain, a number such as '1e-3' the first larger "
-    "than that relative distance (default: bit for bit)",
+    "runs expected to differ by rounding (another torch, GPU, TF32, bf16): 'auto' "
+    "(--tolerant alone) names the first difference rounding does not explain, a relative "
+    "distance REL such as '1e-3' (--tolerant=1e-3) the first larger than that (default: bit "
+    "for bit)",
     "--tolerant",
+    bare="auto",  # the rule (analysis.tolerant.rule.Mode)
+    metavar="REL",
 )
 NOISE = Param(
     "noise",
@@ -53,6 +56,7 @@ RECORD_OPTIONS = tuple(
         switch.help,
         switch.flag,
         default=False if switch.kind == "boolean" else None,
+        metavar=switch.metavar,
         minimum=switch.minimum,
         maximum=switch.maximum,
     )

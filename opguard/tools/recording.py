@@ -13,6 +13,7 @@ from ..hunt import hunt as run_passes
 from ..tool_registry import ToolError
 from .runs import show
 
+RECORD_SCHEMA = "opguard.record/1"
 OUTPUT_TAIL = 20  # last lines of the script's stdout and stderr in the JSON answer
 LINE_CHARS = 300
 
@@ -27,6 +28,7 @@ def record(args: dict[str, Any]) -> dict[str, Any]:
     child = run_opguard(BY_NAME["record"].argv(args, json=False))
     summary = show({"run": args["output"], "rank": None})
     return {
+        "schema": RECORD_SCHEMA,
         "run": str(Path(args["output"]).resolve()),
         "exit_code": child.returncode,
         "status": summary["run"].get("status"),

@@ -20,9 +20,9 @@ from typing import IO, Any
 
 from ..analysis import diff_runs
 from ..analysis.browse.rows import Side
+from ..analysis.browse.series import item_losses
 from ..analysis.tolerant.rule import Tolerance, parse_tolerance
 from ..store import Run
-from .series import loss_series
 
 
 def compare(
@@ -40,7 +40,7 @@ def compare(
             send("diff", result)
             runs = {Side.A: run_a, Side.B: run_b}
             traces = {side: run.rank(result.trace_ranks[side.value]) for side, run in runs.items()}
-            send("loss", {side: loss_series(trace) for side, trace in traces.items()})
+            send("loss", {side: item_losses(trace) for side, trace in traces.items()})
     except Exception as exc:
         send("error", f"{type(exc).__name__}: {exc}")
 

@@ -36,20 +36,21 @@ def crossed(
     tb: TensorRecord,
 ) -> bool:
     """Whether run A's input ``ta`` and run B's ``tb`` of an aligned pair were read in the
-    other order: the ops that wrote them are each paired with another op (``partners``: A's
-    op -> B's, B's -> A's), and each input is, bit for bit, what its producer's partner wrote
-    in the other run. Each run then reads what the other reads at another point (a sum over
-    the parameters reversed), where an op that only one run has (a cast) would leave the
-    contents apart."""
+    other order: the outputs that they are were each written by a paired op (``partners``: A's
+    op -> B's, B's -> A's) but are not each other's counterpart (another op, or another output
+    of one op: a foreach update writes every parameter), and each input is, bit for bit, what
+    its producer's partner wrote in that output in the other run. Each run then reads what the
+    other reads at another point (a sum over the parameters reversed), where an op that only
+    one run has (a cast) would leave the contents apart."""
     for side, tensor, other in ((0, ta, tb), (1, tb, ta)):
         produced = tensor.producer
         if produced is None or other.producer is None:
             return False
         partner = partners[side](produced[0])
-        if partner is None or partner == other.producer[0]:
+        slot = produced[1]
+        if partner is None or (partner, slot) == tuple(other.producer):
             return False
         op = traces[1 - side].op(partner)
-        slot = produced[1]
         if not 0 <= slot < len(op.outputs):
             return False
         key = tensor.content_key()
@@ -217,7 +218,7 @@ class Reorders:
     def _crossed(self, ta: TensorRecord, tb: TensorRecord, op_a: OpRecord, op_b: OpRecord) -> bool:
         pa, pb = ta.producer, tb.producer
         assert pa is not None and pb is not None
-        if self._partner(Side.A, pa[0]) == pb[0]:
+        if (self._partner(Side.A, pa[0]), pa[1]) == tuple(pb):  # counterparts: not crossed
             return False
         partners = (lambda a: self._partner(Side.A, a), lambda b: self._partner(Side.B, b))
         if crossed(self.traces, partners, ta, tb):

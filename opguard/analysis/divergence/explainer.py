@@ -214,6 +214,12 @@ class Explainer:
                     and out_a.content_key() is not None  # unknown: a receive still in flight
                     and content_of(out_a) == content_of(out_b)
                 ):
+                    if _other_views(slot):  # equal data read through other views: no write
+                        made_a = _view_maker(self.trace_a, pa, op_a.index, slot.a)
+                        made_b = _view_maker(self.trace_b, pb, op_b.index, slot.b)
+                        if made_a is not None or made_b is not None:
+                            self._structure(div, made_a, made_b)
+                            return
                     div.cause = Cause.UNRECORDED_WRITE  # equal when written, different when read
                     div.windows = [
                         window
@@ -316,6 +322,37 @@ def _write_window(
                 kernels, total = trace.unclaimed_between(after, op.index, MAX_WINDOW_KERNELS)
                 return WriteWindow(run, produced[0], after, op.index, tuple(kernels), total)
             after = op.index
+    return None
+
+
+def _other_views(slot: TensorDiff) -> bool:
+    """Whether the runs read the differing input through views of other shapes or strides (a
+    weight and its transpose ``W.T``): a view's fingerprint is its base's seen through its
+    geometry, so equal data read through other views differs without any write."""
+    a, b = slot.a, slot.b
+    return (
+        a is not None
+        and b is not None
+        and (a.is_view or b.is_view)
+        and (a.shape, a.stride) != (b.shape, b.stride)
+    )
+
+
+def _view_maker(
+    trace: RankTrace, produced: tuple[int, int], reader: int, tensor: TensorRecord | None
+) -> tuple[int, int] | None:
+    """The output that is view ``tensor`` of output ``produced``, read by op ``reader``: made by
+    the last op between them that read that output and returned a view of the geometry read;
+    None where ``tensor`` is not a view or no recorded op made it."""
+    if tensor is None or not tensor.is_view:
+        return None
+    geometry = (tensor.dtype, tensor.shape, tensor.stride)
+    ops = trace.ops(max(produced[0] + 1, reader - MAX_WINDOW_SCAN), reader)
+    for op in reversed(list(ops)):
+        if any(t.producer == produced for t in op.inputs):
+            for slot, out in enumerate(op.outputs):
+                if out.is_view and (out.dtype, out.shape, out.stride) == geometry:
+                    return op.index, slot
     return None
 
 

@@ -129,10 +129,7 @@ class _Readers:
             ]
             if views:
                 self.views[position] = views
-            if (
-                len(views) == len(outputs)
-                or _overload_free(names.get(raw.get("o", -1))) in CONTENT_FREE_OPS
-            ):
+            if len(views) == len(outputs) or content_free(names.get(raw.get("o", -1))):
                 self.not_reading.add(position)  # only views of it, or only its metadata
         self.scanned = last
 
@@ -156,9 +153,13 @@ class _Readers:
         return tainted, sorted(readers)
 
 
-def _overload_free(name: str | None) -> str | None:
-    """``aten::ones_like`` of ``aten::ones_like.default``: the op whatever its overload."""
-    return name.rsplit(".", 1)[0] if name is not None and "." in name.split("::")[-1] else name
+def content_free(name: str | None) -> bool:
+    """Whether op ``name`` (``aten::ones_like.default``) reads only the metadata of its tensor
+    inputs (:data:`CONTENT_FREE_OPS`, whatever the overload)."""
+    overload_free = (
+        name.rsplit(".", 1)[0] if name is not None and "." in name.split("::")[-1] else name
+    )
+    return overload_free in CONTENT_FREE_OPS
 
 
 FIRST_LOOK = 64  # ops indexed past a difference before the first look for its readers

@@ -34,6 +34,12 @@ class Role:
         group = dict(self.collective.args).get("process_group")
         return group if isinstance(group, dict) and "group" in group else None
 
+    def senders(self, rank: int) -> list[int]:
+        """For a receiver on ``rank``, the other ranks of its collective's group: where the
+        difference came from (empty where the group was not recorded)."""
+        group = self.group
+        return [k for k in group["ranks"] if k != rank] if group else []
+
 
 def role_of(div: Divergence) -> Role:
     """Receiver when the producer chain ends at a collective whose inputs and arguments were

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...tools.catalog import NOISE as NOISE_PARAM
+from ...tools.catalog import TOLERANT as TOLERANT_PARAM
+
 if TYPE_CHECKING:
+    from ...analysis import RunDiff
     from ...analysis.tolerant.rule import Tolerance
+    from ...hunt import Hunt
 
 
 class CommandError(Exception):
@@ -23,25 +31,17 @@ def call_tool(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     return BY_NAME[name].call(arguments)
 
 
-TOLERANT = "--tolerant"
-AUTO = "auto"  # --tolerant without a value: the rounding rule (analysis.tolerant.rule.Mode)
+# --tolerant[=REL] as the diff tool declares it: its flag, and the value it stands for alone.
+TOLERANT, AUTO = str(TOLERANT_PARAM.flag), str(TOLERANT_PARAM.bare)
 
 
 def add_tolerant(parser: argparse.ArgumentParser) -> None:
-    """``--tolerant[=REL]`` and its ``--noise CONTROL`` (``opguard diff``, ``opguard explain``,
-    ``opguard tui``); ``--noise`` as the tools declare it."""
-    from ...tools.catalog import NOISE
-
-    NOISE.add_to(parser)
-    parser.add_argument(
-        TOLERANT,
-        nargs="?",
-        const=AUTO,
-        metavar="REL",
-        help="runs expected to differ by rounding (another torch, GPU, TF32, bf16): name the "
-        "first difference rounding does not explain (auto), or larger than relative distance "
-        "REL (--tolerant=1e-3); a run named after it is a run",
-    )
+    """``--tolerant[=REL]`` (``opguard diff``, ``opguard explain``, ``opguard tui``), with what
+    only the command line needs said: a run after it is not its value (parse_command_line);
+    and its ``--noise CONTROL``, as the diff tool declares both."""
+    action = TOLERANT_PARAM.add_to(parser, "tolerant")
+    action.help = f"{action.help}; a run named after it is a run"
+    NOISE_PARAM.add_to(parser, "noise")
 
 
 def is_tolerant_value(word: str) -> bool:
@@ -85,6 +85,43 @@ def directory_name(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty name is not a directory")
     return text
+
+
+def add_html(parser: argparse.ArgumentParser) -> None:
+    """``--html FILE`` (``opguard diff``, ``opguard hunt``): the report as one HTML file too."""
+    parser.add_argument(
+        "--html",
+        type=writable_file,
+        metavar="FILE",
+        help="also write the report as one self-contained HTML file (to attach to an issue "
+        "or a pull request); what is printed and the exit status stay the same",
+    )
+
+
+def writable_file(text: str) -> str:
+    """An argparse type for a file to write, refused before anything runs (a hunt records for
+    minutes): an empty name, a directory, a folder that does not exist or cannot be written."""
+    path = Path(text)
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty name is not a file")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory, not a file")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: no directory {path.parent}")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text}: not writable")
+    return text
+
+
+def write_html(path: str, result: RunDiff, command: list[str], hunt: Hunt | None = None) -> None:
+    """The HTML report of ``result`` into ``path`` (:mod:`opguard.report`); ``command``: the
+    words of the command that made it. A file that cannot be written is a one-line error."""
+    from ...report import write_report
+
+    try:
+        write_report(path, result, shlex.join(command), hunt)
+    except OSError as exc:
+        raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def print_json(obj: Any) -> None:

@@ -1,16 +1,26 @@
 """``opguard diff RUN_A RUN_B [--rank K] [--step S] [--tolerant[=REL] [--noise CONTROL]]
-[--json [--brief] [--offset N] [--limit N]]``: exit 0 identical (or within rounding), 1
-diverged."""
+[--json [--brief] [--offset N] [--limit N]] [--html FILE]``: exit 0 identical (or within
+rounding), 1 diverged."""
 
 from __future__ import annotations
 
 import argparse
 
-from ...analysis import diff_runs
+from ...analysis import RunDiff, diff_runs
 from ...analysis.contract import to_json
 from ...analysis.result import EXIT_STATUS
+from ...analysis.tolerant.rule import Tolerance
 from ...store import Run
-from .base import CommandError, add_tolerant, call_tool, print_json, tolerance_of
+from .base import (
+    AUTO,
+    CommandError,
+    add_html,
+    add_tolerant,
+    call_tool,
+    print_json,
+    tolerance_of,
+    write_html,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,6 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--offset", type=int, metavar="N", help="with --json: steps from the Nth on")
     p.add_argument("--limit", type=int, metavar="N", help="with --json: at most N steps a rank")
+    add_html(p)
     p.set_defaults(run=run)
 
 
@@ -49,13 +60,34 @@ def run(args: argparse.Namespace) -> int:
         keys = ("run_a", "run_b", "rank", "step", "tolerant", "noise", "brief", "offset", "limit")
         answer = call_tool("diff", {k: getattr(args, k) for k in keys})
         print_json(answer)
+        if args.html is not None:  # the tool answers JSON: the report is drawn from the result
+            write_html(args.html, _compare(args, tolerance), _command(args))
         return EXIT_STATUS[answer["verdict"]]
-    with Run(args.run_a) as run_a, Run(args.run_b) as run_b:
-        result = diff_runs(run_a, run_b, rank=args.rank, step=args.step, tolerance=tolerance)
-        if args.json:
-            print_json(to_json(result))
-        else:
-            from ..diff_report import print_diff
+    result = _compare(args, tolerance)
+    if args.json:
+        print_json(to_json(result))
+    else:
+        from ..diff_report import print_diff
 
-            print_diff(result)
+        print_diff(result)
+    if args.html is not None:
+        write_html(args.html, result, _command(args))
     return result.exit_status
+
+
+def _compare(args: argparse.Namespace, tolerance: Tolerance | None) -> RunDiff:
+    with Run(args.run_a) as run_a, Run(args.run_b) as run_b:
+        return diff_runs(run_a, run_b, rank=args.rank, step=args.step, tolerance=tolerance)
+
+
+def _command(args: argparse.Namespace) -> list[str]:
+    """The ``opguard diff`` that writes this report again (the report says it)."""
+    words = ["opguard", "diff", args.run_a, args.run_b]
+    for option in ("rank", "step"):
+        if getattr(args, option) is not None:
+            words += [f"--{option}", str(getattr(args, option))]
+    if args.tolerant is not None:
+        words.append("--tolerant" if args.tolerant == AUTO else f"--tolerant={args.tolerant}")
+    if args.noise is not None:
+        words += ["--noise", args.noise]
+    return [*words, "--html", args.html]

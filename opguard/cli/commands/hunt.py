@@ -1,5 +1,5 @@
 """``opguard hunt -o DIR --a 'train_a.py ARGS' --b 'train_b.py ARGS' [--python PY]
-[--overwrite] [--json [--brief]]``: the two passes of :mod:`opguard.hunt`, then the report of
+[--overwrite] [--json [--brief]] [--html FILE]``: the two passes of :mod:`opguard.hunt`, then the report of
 the last diff made (the op-level one when there was a second pass), its first line saying how
 the step was found. Exit status as ``opguard diff``'s."""
 
@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from ...hunt import Hunt
 from ...tools.recording import run_hunt
-from .base import directory_name, print_json
+from .base import add_html, directory_name, print_json, write_html
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,6 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --json: of each diff, only its verdict, first divergence, step-level verdict "
         "and notes (the hunt tool's answer)",
     )
+    add_html(p)
     p.set_defaults(run=run)
 
 
@@ -66,7 +67,16 @@ def run(args: argparse.Namespace) -> int:
             vars(args), progress=lambda line: print(line, file=sys.stderr, flush=True)
         )
         _print_report(result)
+    if args.html is not None:
+        write_html(args.html, result.op_level or result.step_level, _command(args), result)
     return result.exit_code
+
+
+def _command(args: argparse.Namespace) -> list[str]:
+    """The ``opguard hunt`` that writes this report again (the report says it)."""
+    python = ["--python", args.python] if args.python else []
+    runs = ["--a", args.a, "--b", args.b, *python]
+    return ["opguard", "hunt", "-o", args.output, *runs, "--overwrite", "--html", args.html]
 
 
 def _print_report(result: Hunt) -> None:

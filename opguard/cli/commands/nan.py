@@ -14,7 +14,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "nan",
         help="name the first op whose outputs hold NaN or Inf while its inputs did not",
         description="Scans a run's recorded NaN/Inf counts and names, per rank, the first op "
-        "that made NaN or Inf values from finite inputs. Exit status: 0 none, 1 found, 2 error.",
+        "that made NaN or Inf values from finite inputs. Values every op that read them made "
+        "finite (an attention mask's -inf before a softmax) are intended: counted apart, not "
+        "named. Exit status: 0 none (or intended only), 1 found, 2 error.",
     )
     p.add_argument("run_dir", metavar="RUN")
     p.add_argument("--rank", type=int, help="only this rank (default: all)")
@@ -33,4 +35,4 @@ def run(args: argparse.Namespace) -> int:
             print(f"no NaN or Inf in {args.run_dir} (ranks {', '.join(map(str, ranks))})")
         for n in found:
             print_nonfinite(f"{args.run_dir} rank {n.rank}", n)
-    return 1 if found else 0
+    return 1 if any(n.found for n in found) else 0

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
 from .base import call_tool, print_json
 
 COMMANDS = ("ops", "op", "producers", "source", "kernels")
 PREFIX = "arg_"  # a tool's arguments apart from the command's own (run, tool, json)
-_TYPES: dict[str, Any] = {"integer": int, "number": float, "string": str}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,21 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             description=f"{tool.purpose} Prints JSON: indented, or on one line with --json.",
         )
         for param in tool.all_params:
-            dest = PREFIX + param.name
-            if param.flag is None:
-                p.add_argument(dest, metavar=param.name.upper(), type=_TYPES[param.kind])
-            elif param.kind == "boolean":
-                p.add_argument(param.flag, dest=dest, action="store_true", help=param.help)
-            else:
-                default = "" if param.default is None else f" (default: {param.default})"
-                p.add_argument(
-                    param.flag,
-                    dest=dest,
-                    metavar=param.name.upper(),
-                    type=_TYPES[param.kind],
-                    choices=param.choices or None,
-                    help=param.help + default,
-                )
+            param.add_to(p, PREFIX + param.name)
         p.add_argument("--json", action="store_true", help="one line of JSON (default: indented)")
         p.set_defaults(run=run, tool=name)
 

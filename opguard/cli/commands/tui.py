@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from .base import add_tolerant, tolerance_of
+from .base import TOLERANT, add_tolerant, tolerance_of
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,10 +18,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Opens two recorded runs side by side at their first divergence. "
         "Press ? in the debugger for its keys.",
     )
-    p.add_argument("run_a", metavar="RUN_A")
-    p.add_argument("run_b", metavar="RUN_B")
-    add_tolerant(p)
+    add_arguments(p)
     p.set_defaults(run=run)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The runs and options of the debugger (``opguard serve`` takes them too)."""
+    parser.add_argument("run_a", metavar="RUN_A")
+    parser.add_argument("run_b", metavar="RUN_B")
+    add_tolerant(parser)
+
+
+def arguments(args: argparse.Namespace) -> list[str]:
+    """The command line of ``opguard tui`` that shows what ``args`` asks for (``opguard
+    serve`` runs it for each page)."""
+    tolerant = [] if args.tolerant is None else [f"{TOLERANT}={args.tolerant}"]
+    return ["tui", args.run_a, args.run_b, *tolerant]
 
 
 def run(args: argparse.Namespace) -> int:

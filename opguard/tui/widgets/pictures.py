@@ -115,8 +115,7 @@ class Pictures(Vertical):
         shares: list[float | None] = []
         for step in steps:
             s = by_step.get(step)
-            total = s.aligned + s.only_a + s.only_b if s else 0
-            shares.append((s.differing + s.only_a + s.only_b) / total if s and total else None)
+            shares.append(s.changed / s.ops if s and s.ops else None)
         first = diff.first
         note = f"{diff.differing} of {diff.aligned} aligned ops differ" + (
             f", first in step {first.step}" if first else ""
