@@ -143,6 +143,11 @@ def _tolerance(result: RunDiff) -> str:
         ("judged", f"--tolerant ({tolerance.mode}): {tolerance.text()}"),
         ("differing aligned ops rounding explains", str(sum(t.explained for t in found))),
         ("of them integer or bool flips", str(sum(t.flips for t in found))),
+        *(
+            [("of them by the control run's floor", str(sum(t.measured for t in found)))]
+            if tolerance.noise is not None
+            else []
+        ),
         *(("parallel layouts", layout.text()) for r in result.ranks if (layout := r.layout)),
     ]
     return _definitions(rows, "tolerance")
@@ -328,6 +333,8 @@ def _judgement(judged: Judgement) -> str:
     elif judged.tensor is not None:
         rows.append((f"input {judged.slot}'s relative distance", judged.tensor.text()))
     rows.append(("rounding explains up to", "?" if judged.limit is None else f"{judged.limit:.1e}"))
+    family = f" {judged.family}" if judged.family else ""
+    rows.append(("judged by", f"the {judged.judged_by}{family} bound"))
     if judged.unit:
         rows.append(("unit roundoff u", f"{judged.unit:.1e}"))
     return "<h3>Distance (--tolerant)</h3>" + _definitions(rows, "distance")
