@@ -289,7 +289,9 @@ def test_steps_recorded_in_one_run_only(tmp_path: Path) -> None:
     assert result["ranks"][0]["step_level"]["compared"] == 6
 
 
-def test_unfinished_and_damaged_step_records_are_notes(tmp_path: Path) -> None:
+def test_an_unfinished_run_is_a_note_and_a_damaged_step_record_incomplete(tmp_path: Path) -> None:
+    """A run that stopped early is compared up to its last step (a note); a step record that
+    does not decode is damage, never a verdict of equality: incomplete, exit 3."""
     a = write_state_run(tmp_path / "a")
     b = write_state_run(tmp_path / "b", finished=False)
     notes = _diff_json(a, b, code=0)["notes"]
@@ -305,9 +307,11 @@ def test_unfinished_and_damaged_step_records_are_notes(tmp_path: Path) -> None:
             db=env.open_db(b"steps", txn=txn),
         )
     env.close()
-    result = _diff_json(a, b, code=0)
+    result = _diff_json(a, b, code=3)
+    assert result["verdict"] == "incomplete"
     assert result["ranks"][0]["step_level"]["compared"] == 4
-    assert any("stopped at step 3" in note and "unreadable" in note for note in result["notes"])
+    damaged = [n for n in result["notes"] if "stopped at a damaged step record: step 3" in n]
+    assert len(damaged) == 1, result["notes"]  # said once
 
 
 def test_the_report_says_what_differs_what_it_means_and_what_to_run(tmp_path: Path) -> None:

@@ -76,7 +76,7 @@ def diff_rank(
         if trace_a.has_steps and trace_b.has_steps:
             result.states = compare_states(trace_a, trace_b, step=step)
             result.notes.extend(result.states.notes)
-            result.unread = _unread(trace_a, trace_b)  # a damaged step record as well
+            _end_of_reading(result, trace_a, trace_b)  # a damaged step record as well
             if tolerance is None:  # else the states differ by rounding as the ops do
                 result.notes.extend(_before_the_ops(result))
     return result
@@ -255,8 +255,10 @@ def _reordered_note(trace_a: RankTrace, pairs: list[tuple[int, int]]) -> str:
 
 def _end_of_reading(result: RankDiff, trace_a: RankTrace, trace_b: RankTrace) -> None:
     """Notes how each run's recording ended and where reading it stopped, when that limits
-    what was compared, and keeps what could not be read (the verdict is then incomplete)."""
-    result.notes.extend(_trace_notes(trace_a, trace_b))
+    what was compared, and keeps what could not be read (the verdict is then incomplete).
+    Said again once the step-level records are read (they may stop at a damaged one): each
+    note once."""
+    result.notes.extend(n for n in _trace_notes(trace_a, trace_b) if n not in result.notes)
     result.unread = _unread(trace_a, trace_b)
     result.unfinished = [
         name for name, trace in (("A", trace_a), ("B", trace_b)) if not trace.finished

@@ -221,7 +221,6 @@ def compare_states(
     """Walks both runs' step-level records in step order (only step ``step`` when given) to
     the first step whose content differs."""
     result = StateComparison(trace_a.rank, trace_a.step_count(), trace_b.step_count())
-    damage = (trace_a.damage, trace_b.damage)
     stop = None if step is None else step + 1
     walks = (trace_a.raw_steps(step or 0, stop), trace_b.raw_steps(step or 0, stop))
     try:
@@ -229,10 +228,7 @@ def compare_states(
     finally:
         for walk in walks:
             walk.close()
-    _add_notes(result)
-    for run, trace, before in zip("AB", (trace_a, trace_b), damage, strict=True):
-        if trace.damage and trace.damage != before:
-            result.notes.append(f"run {run}: {trace.damage}")
+    _add_notes(result)  # a damaged record the walk met is the trace's damage (the diff says it)
     return result
 
 
@@ -302,7 +298,7 @@ def _judge(result: StateComparison, trace_a: RankTrace, trace_b: RankTrace, step
     or a record is damaged)."""
     try:
         state_a, state_b = trace_a.step_state(step), trace_b.step_state(step)
-    except TraceError:  # noted as the trace's damage (compare_states)
+    except TraceError:  # the trace's damage: the diff notes it where reading ended
         return True
     assert state_a is not None and state_b is not None  # the walk just read both
     compared = compare_step(state_a, state_b)
