@@ -6,7 +6,11 @@ bf16, tp1 / tp2, on the CPU the GPU script's gpt / gpt_fused (AdamW) and gpt / g
 that round: ``opguard record --perturb-rounding``, :data:`RECORD_OPTIONS`); real changes behind
 them: bf16 / bf16_eps, bf16 / bf16_nudge (a weight changed through NumPy), tp1 or tp2 / tp2_bug,
 gpt_flash / gpt_scale, mlp / mlp_momentum (the cross-version script, momentum changed at step
-1) and solve / solve_nudge. solve_control is the control run of ``--noise``.
+1) and solve / solve_nudge. solve_control is the control run of ``--noise``. Issue 38's pairs
+whose tensors are read through views no sketch measures: attention against attention_bf16,
+attention_math (another attention backend) and attention_reshaped (a reshape of one run only,
+its rounding perturbed), within rounding, and attention_bf16_decay (the weight decay changed);
+shifted (rounding perturbed) against shifted_KIND (one view of the batch a row later).
 
 Test code, not shipped: tests import it, and benchmarks (``bench/tolerant_pairs.py``) put
 ``tests/`` on ``sys.path``.
@@ -26,6 +30,9 @@ GPT = SCENARIOS.parent.parent / "cuda_scenarios" / "gpt_numerics.py"
 MLP = SCENARIOS.parent / "cross_version" / "mlp.py"
 ADAM = SCENARIOS / "adam_bn.py"
 SOLVE = SCENARIOS / "solve.py"
+ATTENTION = SCENARIOS / "attention_views.py"
+SHIFTED = SCENARIOS / "shifted_views.py"
+SHIFTED_KINDS = ("slice", "narrow", "select", "as_strided")
 
 # run name -> (ranks, the script and its arguments)
 RUNS: dict[str, tuple[int, tuple[str, ...]]] = {
@@ -48,12 +55,21 @@ RUNS: dict[str, tuple[int, tuple[str, ...]]] = {
     "solve_perturbed": (1, (str(SOLVE),)),
     "solve_control": (1, (str(SOLVE),)),
     "solve_nudge": (1, (str(SOLVE), "--nudge", "1e-2")),
+    "attention": (1, (str(ATTENTION),)),
+    "attention_bf16": (1, (str(ATTENTION), "--autocast")),
+    "attention_bf16_decay": (1, (str(ATTENTION), "--autocast", "--weight-decay", "0.1")),
+    "attention_math": (1, (str(ATTENTION), "--attention", "math")),
+    "attention_reshaped": (1, (str(ATTENTION), "--extra-view")),
+    "shifted": (1, (str(SHIFTED),)),
+    **{f"shifted_{kind}": (1, (str(SHIFTED), "--shift", kind)) for kind in SHIFTED_KINDS},
 }
 # opguard record's own options of a run: the runs that perturb rounding (each its own seed)
 RECORD_OPTIONS: dict[str, tuple[str, ...]] = {
     "adam_perturbed": ("--perturb-rounding", "1"),
     "solve_perturbed": ("--perturb-rounding", "1"),
     "solve_control": ("--perturb-rounding", "2"),
+    "attention_reshaped": ("--perturb-rounding", "1"),
+    "shifted": ("--perturb-rounding", "1"),
 }
 
 

@@ -20,7 +20,7 @@ from ..analysis import Divergence, Link, RankDiff, RunDiff, TensorDiff
 from ..analysis.align.steps import describe_runs
 from ..analysis.contract import divergence_json, op_ref, rank_json, state_divergence_json
 from ..analysis.state_diff import StepDivergence
-from ..analysis.tolerant.judgement import Judgement
+from ..analysis.tolerant.judgement import Judgement, not_judged_text
 from ..analysis.words.text import op_label, op_line, value_text
 from ..store import OpRecord, RankTrace, Run
 from .describe import (
@@ -132,6 +132,9 @@ def _tolerance_lines(result: RunDiff, judged: Judgement | None) -> list[str]:
     tolerance = result.tolerance
     assert tolerance is not None
     lines = [f"tolerant ({tolerance.mode}): differences within {tolerance.text()} are rounding"]
+    unjudged = not_judged_text([r.tolerance for r in result.ranks if r.tolerance is not None])
+    if unjudged:
+        lines.append(unjudged)
     if judged is not None:
         measured = [
             f"{name} {distance.text()}"

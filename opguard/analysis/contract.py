@@ -15,6 +15,7 @@ from .divergence.nonfinite import Nonfinite, nonfinite_tensors
 from .result import RankDiff, RunDiff
 from .state_diff import ENTRIES_SHOWN, StateComparison, StepDivergence
 from .tolerant.distance import finite
+from .tolerant.judgement import Unjudged
 
 SCHEMA = "opguard.diff/1"
 
@@ -234,12 +235,31 @@ def rank_json(r: RankDiff) -> dict[str, Any]:
                     "explained": r.tolerance.explained,
                     "flips": r.tolerance.flips,
                     "measured": r.tolerance.measured,
+                    "not_judged": r.tolerance.unjudged_count,
+                    "judged_by_nothing": r.tolerance.judged_by_nothing,
+                    "not_judged_examples": [unjudged_json(u) for u in r.tolerance.unjudged],
                 }
             }
             if r.tolerance is not None
             else {}
         ),
         "layout": r.layout.to_json() if r.layout is not None else None,
+    }
+
+
+def unjudged_json(u: Unjudged) -> dict[str, Any]:
+    """A differing tensor whose distance was unknown (--tolerant), and what judged it."""
+    by = u.judged_by
+    return {
+        "step": u.step,
+        "a": op_ref(u.ops[0]),
+        "b": op_ref(u.ops[1]),
+        "slot": u.slot,
+        "role": u.role,
+        "why": u.why,
+        "allowed": finite(u.allowed),
+        "judged_by": {"a": op_ref(by[0]), "b": op_ref(by[1])} if by is not None else None,
+        "text": u.text(),
     }
 
 

@@ -22,14 +22,15 @@ from .tolerant.rule import Tolerance
 
 # The verdicts, and the exit status each gives ``opguard diff`` and ``explain`` (2: an error).
 # ``incomplete``: nothing differed in what could be read, and a run could not be read to its
-# end (a damaged record): never a verdict of equality.
+# end (a damaged record), or with --tolerant a difference whose distance is unknown was judged
+# by nothing: never a verdict of equality.
 EXIT_STATUS = {"identical": 0, "within-rounding": 0, "diverged": 1, "incomplete": 3}
 
 
 def verdict_of(diverged: bool, tolerant: bool, differs: bool, incomplete: bool) -> str:
     """``identical``, ``diverged``, with --tolerant ``within-rounding`` (the runs differ, by no
     more than rounding explains), or ``incomplete``: no divergence in what was read, but part
-    of a run could not be read (:data:`EXIT_STATUS`)."""
+    of a run could not be read, or judged (:data:`EXIT_STATUS`)."""
     if diverged:
         return "diverged"
     if incomplete:
@@ -132,11 +133,16 @@ class RankDiff:
         return self.state_first is not None or bool(self.differing or self.absorbed_count)
 
     @property
+    def judged_by_nothing(self) -> int:
+        """--tolerant: differing tensors whose distance is unknown that no measured output
+        judged (before the first divergence): the verdict is then incomplete."""
+        return self.tolerance.judged_by_nothing if self.tolerance is not None else 0
+
+    @property
     def verdict(self) -> str:
         """The rank's verdict, as :attr:`RunDiff.verdict` says the run's."""
-        return verdict_of(
-            self.diverged, self.tolerance is not None, self.differs, bool(self.unread)
-        )
+        incomplete = bool(self.unread or self.judged_by_nothing)
+        return verdict_of(self.diverged, self.tolerance is not None, self.differs, incomplete)
 
     @property
     def steps_a(self) -> int:
@@ -233,18 +239,28 @@ class RunDiff:
 
     @property
     def incomplete(self) -> bool:
-        """Whether reading a run stopped before its end where the comparison reached it."""
-        return any(r.unread for r in self.ranks)
+        """Whether reading a run stopped before its end where the comparison reached it, or
+        (--tolerant) a difference whose distance is unknown was judged by nothing."""
+        return any(r.unread or r.judged_by_nothing for r in self.ranks)
 
     def scope(self) -> str:
         """What the verdict covers where it is not the whole of both runs, in words (empty
-        otherwise): the steps compared, and which run could not be read further or did not
-        finish."""
+        otherwise): the steps compared, which run could not be read further or did not
+        finish, and (--tolerant) how many differences were judged by nothing."""
+        unjudged = sum(r.judged_by_nothing for r in self.ranks)
         cut = [
             *(
                 f"run {name} could not be read further ({why})"
                 for r in self.ranks
                 for name, why in r.unread
+            ),
+            *(
+                [
+                    f"{unjudged} differing tensor(s) whose distance is unknown were judged by "
+                    "nothing (see 'not judged')"
+                ]
+                if unjudged
+                else []
             ),
             *(
                 f"run {name} did not finish"

@@ -15,7 +15,7 @@ from ..analysis.divergence.causes import STREAM_RACE
 from ..analysis.divergence.compilation import mode_note
 from ..analysis.divergence.nonfinite import Nonfinite, nonfinite_tensors
 from ..analysis.state_diff import ENTRIES_SHOWN, StepDivergence, window_command
-from ..analysis.tolerant.judgement import Judgement
+from ..analysis.tolerant.judgement import Judgement, not_judged_text
 from ..analysis.words.text import (
     KERNELS_REPORTED,
     ORIGINS_SHOWN,
@@ -181,6 +181,9 @@ def _print_tolerance(result: RunDiff) -> None:
         f"  tolerant ({tolerance.mode}: {escape(tolerance.text())}): {explained} differing "
         f"aligned op(s) explained by rounding{flipped}{floor}"
     )
+    unjudged = not_judged_text(found)
+    if unjudged:
+        console.print(f"  {escape(unjudged)}")
     layouts = [r.layout for r in result.ranks if r.layout is not None]
     if layouts:
         console.print(
