@@ -50,12 +50,12 @@ def not_judged(answer: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_autocasts_cast_of_a_transposed_weight_is_judged_by_the_matmul_reading_it(
-    runs: dict[str, Path],
+    runs: dict[str, Path], tmp_path: Path
 ) -> None:
     """bf16 autocast against fp32: the tied head reads ``embedding.weight.t()``, in run A a
     view (no sketch of its own), in run B autocast's cast of it (an op of run B only). Its
     distance is unknown; taken at what the cast's rounding allows, the ``mm`` reading it is
-    within rounding, and the report lists it as not judged."""
+    within rounding, and the report (and its HTML page) lists it as not judged."""
     answer = diff(runs, "attention", "attention_bf16", "--tolerant")
     assert answer["verdict"] == "within-rounding", answer["first_divergence"]
     notes = not_judged(answer)
@@ -64,10 +64,17 @@ def test_autocasts_cast_of_a_transposed_weight_is_judged_by_the_matmul_reading_i
     assert "a view in run A" in mat2["why"] and mat2["role"] == "input"
     assert mat2["judged_by"]["a"]["index"] == mat2["a"]["index"]  # by the mm's own outputs
     assert 2**-8 <= mat2["allowed"] < 0.05  # a bf16 cast's rounding, not a free pass
+    page = tmp_path / "report.html"
     code, out, _ = cli_in_process(
-        "diff", str(runs["attention"]), str(runs["attention_bf16"]), "--tolerant"
+        "diff",
+        str(runs["attention"]),
+        str(runs["attention_bf16"]),
+        "--tolerant",
+        "--html",
+        str(page),
     )
     assert code == 0 and "not judged: " in out and "input 'mat2'" in out
+    assert "<th>not judged</th>" in page.read_text()
 
 
 def test_a_weight_decay_changed_behind_autocast_is_named_at_the_optimizer(

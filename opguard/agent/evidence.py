@@ -134,7 +134,7 @@ def _tolerance_lines(result: RunDiff, judged: Judgement | None) -> list[str]:
     lines = [f"tolerant ({tolerance.mode}): differences within {tolerance.text()} are rounding"]
     unjudged = not_judged_text([r.tolerance for r in result.ranks if r.tolerance is not None])
     if unjudged:
-        lines.append(unjudged)
+        lines.append(f"not judged: {unjudged}")
     if judged is not None:
         measured = [
             f"{name} {distance.text()}"

@@ -259,6 +259,7 @@ def unjudged_json(u: Unjudged) -> dict[str, Any]:
         "why": u.why,
         "allowed": finite(u.allowed),
         "judged_by": {"a": op_ref(by[0]), "b": op_ref(by[1])} if by is not None else None,
+        "reached_nothing": u.reached_nothing,
         "text": u.text(),
     }
 

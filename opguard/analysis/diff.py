@@ -358,19 +358,26 @@ def _compare_step(
                         ):
                             summary.reordered_pairs.append((op_a.index, op_b.index))
                             continue
-                        if result.first is None and (judge is None or judged is not None):
+                        # --tolerant: a tensor of unknown distance no measured output
+                        # judged yet is judged by what it feeds, if its difference reaches
+                        # anything
+                        unjudged = judge is not None and judged is None and judge.left_open
+                        if result.first is None and (
+                            judge is None or judged is not None or unjudged
+                        ):
                             if reach is None:
                                 reach = Reach(traces, (ops_a, ops_b), dict(pairs_of(runs)))
                             absorbed = reach.absorbed(i + k, j + k, op_a, op_b)
                             if absorbed is not None:
+                                if judge is not None and unjudged:
+                                    judge.reached_nothing()
                                 summary.absorbed_pairs.append((op_a.index, op_b.index))
                                 _note_absorbed(result, explainer, absorbed)
                                 continue
-                            result.first = (
-                                explainer.explain(op_a, op_b)
-                                if judge is None or judged is None
-                                else judge.divergence(explainer, op_a, op_b, judged)
-                            )
+                            if judge is None:
+                                result.first = explainer.explain(op_a, op_b)
+                            elif judged is not None:
+                                result.first = judge.divergence(explainer, op_a, op_b, judged)
                     summary.differing += 1
         prev_i, prev_j = i + n, j + n
     result.steps.append(summary)

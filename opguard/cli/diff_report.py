@@ -183,7 +183,7 @@ def _print_tolerance(result: RunDiff) -> None:
     )
     unjudged = not_judged_text(found)
     if unjudged:
-        console.print(f"  {escape(unjudged)}")
+        console.print(f"  not judged: {escape(unjudged)}")
     layouts = [r.layout for r in result.ranks if r.layout is not None]
     if layouts:
         console.print(

@@ -96,7 +96,9 @@ class Judge:
         return self._first_step is None or step <= self._first_step + DRIFT_AROUND
 
     def judge(self, op_a: OpRecord, op_b: OpRecord) -> Judgement | None:
-        """None when rounding explains the difference of aligned ops ``op_a``/``op_b``."""
+        """None when rounding explains the difference of aligned ops ``op_a``/``op_b``, or
+        when it is judged by what it feeds (:attr:`left_open`)."""
+        self.unmeasured.begin()
         if not _same_shapes(op_a, op_b):
             self.sources.unpair(op_a.index, op_b.index)
             return None
@@ -111,6 +113,17 @@ class Judge:
             return inputs.judged  # blocked: judged by what it feeds (its inputs were noted)
         judged = self._outputs(op_a, op_b, inputs, unit)
         return judged if judged is None else self._taken_judgement(judged, inputs.taken)
+
+    @property
+    def left_open(self) -> bool:
+        """Whether the pair judged last left a differing tensor of unknown distance that no
+        measured output judged yet (the walk asks whether its difference reaches anything)."""
+        return self.unmeasured.left_open
+
+    def reached_nothing(self) -> None:
+        """The difference of the pair judged last reached nothing: its open tensors need no
+        judging."""
+        self.unmeasured.reached_nothing()
 
     def divergence(
         self, explainer: Explainer, op_a: OpRecord, op_b: OpRecord, judged: Judgement

@@ -100,7 +100,8 @@ class Unjudged:
     shapes): input or output ``slot`` (``role``) of ``ops`` (run A's, run B's), why, and what
     was taken for it instead: what rounding allows the ops that wrote it (``allowed``; None
     where nothing bounds it). It is judged by what it feeds: ``judged_by`` is the aligned pair
-    whose measured outputs were judged with it taken so (None: judged by nothing)."""
+    whose measured outputs were judged with it taken so (None: judged by nothing, or its
+    difference reached nothing: ``reached_nothing``, no reader's output changed with it)."""
 
     step: int
     ops: tuple[OpRecord, OpRecord]
@@ -109,6 +110,7 @@ class Unjudged:
     why: str
     allowed: float | None
     judged_by: tuple[OpRecord, OpRecord] | None = None
+    reached_nothing: bool = False
 
     def text(self) -> str:
         """One line: which tensor, why, and what judged it."""
@@ -121,7 +123,9 @@ class Unjudged:
         )
         by = self.judged_by
         judged = (
-            "judged by nothing"
+            "its difference reached nothing"
+            if self.reached_nothing
+            else "judged by nothing"
             if by is None
             else "judged by that op's outputs"
             if by == self.ops
@@ -162,8 +166,8 @@ class RankTolerance:
 
 
 def not_judged_text(found: Sequence[RankTolerance]) -> str:
-    """One line for the report: how many differing tensors had no distance, how many of them
-    nothing judged, and the first (empty when there were none)."""
+    """What was not judged, for the reports: how many differing tensors had no distance, how
+    many of them nothing judged, and the first (empty when there were none)."""
     count = sum(t.unjudged_count for t in found)
     if not count:
         return ""
@@ -171,6 +175,6 @@ def not_judged_text(found: Sequence[RankTolerance]) -> str:
     first = next(t.unjudged[0] for t in found if t.unjudged)
     by_nothing = f", {nothing} of them by nothing" if nothing else ""
     return (
-        f"not judged: {count} differing tensor(s) whose distance is unknown, judged by what "
-        f"they feed{by_nothing} (first: {first.text()})"
+        f"{count} differing tensor(s) whose distance is unknown, judged by what they "
+        f"feed{by_nothing} (first: {first.text()})"
     )

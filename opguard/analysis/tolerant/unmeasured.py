@@ -23,6 +23,17 @@ class Unmeasured:
         self._open: dict[int, tuple[int, ...]] = {}
         # Run A's unmeasured outputs: (op index, slot) -> (what rounding allows them, note)
         self._outputs: dict[Producer, tuple[float, int]] = {}
+        self._pair: list[int] = []  # the notes of the pair judged last
+
+    def begin(self) -> None:
+        """Starts the notes of the next pair judged (:attr:`left_open`)."""
+        self._pair.clear()
+
+    @property
+    def left_open(self) -> bool:
+        """Whether the pair judged last left a tensor no measured output judged (yet): the
+        walk asks then whether its difference reaches anything (:meth:`reached_nothing`)."""
+        return any(number in self._open for number in self._pair)
 
     def note(self, unjudged: Unjudged, upstream: tuple[int, ...] = ()) -> int:
         """Notes a tensor not judged (with the open notes it carries on: ``upstream``) and
@@ -32,9 +43,19 @@ class Unmeasured:
         if number < UNJUDGED_SHOWN:
             self.found.unjudged.append(unjudged)
         self._open[number] = upstream
+        self._pair.append(number)
         self.found.unknown_steps.add(unjudged.step)
         self._count()
         return number
+
+    def reached_nothing(self) -> None:
+        """Notes that the difference of the pair judged last reached nothing (no reader's
+        output changed with it: absorbed): its open notes need no judging."""
+        for number in self._pair:
+            if self._open.pop(number, None) is not None and number < UNJUDGED_SHOWN:
+                shown = self.found.unjudged
+                shown[number] = replace(shown[number], reached_nothing=True)
+        self._count()
 
     def output(
         self, unjudged: Unjudged, producer: Producer | None, upstream: tuple[int, ...]
