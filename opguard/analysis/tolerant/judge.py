@@ -412,6 +412,8 @@ class Judge:
                 continue
             if ta.is_view or tb.is_view:
                 continue  # a view's data is its base's, judged where it is read
+            if ta.is_uninitialized or tb.is_uninitialized:
+                continue  # garbage (of other dtypes): judged where it is written
             if not _floating(ta, tb):
                 flips += 1
                 continue
