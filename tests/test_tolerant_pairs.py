@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tolerant_runs import record_runs
+from conftest import line_of
+from tolerant_runs import GPT, record_runs
 
 from opguard.analysis import diff_runs
 from opguard.analysis.contract import to_json
@@ -72,7 +73,8 @@ def test_a_changed_softmax_scale_behind_the_backend_is_named_in_the_forward(
     assert first["a"]["op"] == "aten::bmm.default"  # the math attention's last op, in run A
     assert "flash_attention" in first["b"]["op"]  # replaced by the fused kernel in run B
     assert first["a"]["phase"] == first["b"]["phase"] == "forward"
-    assert "feeds the divergence at aten::addmm.default at gpt_numerics.py:43" in first["summary"]
+    projection = f"aten::addmm.default at gpt_numerics.py:{line_of(GPT, 'proj')}"
+    assert f"feeds the divergence at {projection}" in first["summary"]
 
 
 @pytest.mark.skipif(not SKETCHED_2_11.is_dir(), reason="the torch 2.11 recording is not here")
