@@ -30,9 +30,23 @@ TP_MLP = SCENARIOS / "tp_mlp.py"
 GPT = SCENARIOS.parent.parent / "cuda_scenarios" / "gpt_numerics.py"
 GPT2 = SCENARIOS.parent.parent / "cuda_scenarios" / "gpt2_long.py"
 MLP = SCENARIOS.parent / "cross_version" / "mlp.py"
+HF = SCENARIOS.parent / "cross_version" / "hf_models.py"
 ADAM = SCENARIOS / "adam_bn.py"
 SOLVE = SCENARIOS / "solve.py"
 
+# GPT-2 124M, two steps of 8 x 1024 tokens: long enough for the memory-efficient attention's
+# backward to add in another order from run to run
+GPT2_EFFICIENT = (
+    str(GPT2),
+    "--steps",
+    "2",
+    "--batch",
+    "8",
+    "--seq",
+    "1024",
+    "--attention",
+    "efficient",
+)
 # run name -> (ranks, the script and its arguments)
 RUNS: dict[str, tuple[int, tuple[str, ...]]] = {
     "fp32": (1, (str(AUTOCAST),)),
@@ -48,6 +62,10 @@ RUNS: dict[str, tuple[int, tuple[str, ...]]] = {
     "mlp": (1, (str(MLP),)),
     "mlp_momentum": (1, (str(MLP), "--momentum-from-step-1", "0.8")),
     "bf16_nudge": (1, (str(AUTOCAST), "--autocast", "--nudge", "1e-2")),
+    "hf_llama": (1, (str(HF), "llama")),
+    "hf_llama_lr": (1, (str(HF), "llama", "--lr-from-step-1", "2e-3")),
+    "hf_gpt2": (1, (str(HF), "gpt2")),
+    "hf_gpt2_lr": (1, (str(HF), "gpt2", "--lr-from-step-1", "2e-3")),
     "adam": (1, (str(ADAM),)),
     "adam_perturbed": (1, (str(ADAM),)),
     "solve": (1, (str(SOLVE),)),
@@ -73,12 +91,9 @@ RUNS: dict[str, tuple[int, tuple[str, ...]]] = {
     "gpu_index_add": (1, (str(GPT), "--index-add", "--tf32")),
     "gpu_index_add_again": (1, (str(GPT), "--index-add", "--tf32")),
     "gpu_index_add_lr": (1, (str(GPT), "--index-add", "--tf32", "--lr", "2e-3")),
-    "gpu_gpt2": (1, (str(GPT2), "--steps", "2", "--attention", "efficient")),
-    "gpu_gpt2_again": (1, (str(GPT2), "--steps", "2", "--attention", "efficient")),
-    "gpu_gpt2_scaled": (
-        1,
-        (str(GPT2), "--steps", "2", "--attention", "efficient", "--scale-at", "1"),
-    ),
+    "gpu_gpt2": (1, GPT2_EFFICIENT),
+    "gpu_gpt2_again": (1, GPT2_EFFICIENT),
+    "gpu_gpt2_scaled": (1, (*GPT2_EFFICIENT, "--scale-at", "1")),
 }
 # opguard record's own options of a run: the runs that perturb rounding (each its own seed)
 RECORD_OPTIONS: dict[str, tuple[str, ...]] = {
