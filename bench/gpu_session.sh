@@ -49,6 +49,12 @@ for part in $parts; do
       python3 "$ROOT/bench/fingerprint_gpu.py" --mib 512 2>&1 | tee "$OUT/fingerprint_gpu.txt"
       python3 "$ROOT/bench/overhead.py" --rounds 2 --steps 5 --json "$OUT/overhead.json" 2>&1 \
         | grep -v Warning | tee "$OUT/overhead.txt"
+      # what users run: bf16 autocast, eager and compiled (issue 40's targets table)
+      python3 "$ROOT/bench/overhead.py" --bf16 --rounds 2 --steps 5 --no-debugmode \
+        --json "$OUT/overhead_bf16.json" 2>&1 | grep -v Warning | tee "$OUT/overhead_bf16.txt"
+      python3 "$ROOT/bench/overhead.py" --bf16 --compile --rounds 2 --steps 5 --no-debugmode \
+        --json "$OUT/overhead_bf16_compile.json" 2>&1 | grep -v Warning \
+        | tee "$OUT/overhead_bf16_compile.txt"
       python3 "$ROOT/bench/overhead_profile.py" --steps 3 2>&1 | grep -v Warning | tee "$OUT/profile.txt" ;;
     kernels)
       python3 "$ROOT/bench/overhead_profile.py" --steps 2 --gpu --top 12 2>&1 | grep -v Warning \
