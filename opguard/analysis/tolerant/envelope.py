@@ -23,10 +23,11 @@ scalar that crosses zero) is allowed the drift of its kind:
   run A's is, step by step, so its difference is the envelope's shape whatever the model's
   growth; :data:`STEP_SAFETY` covers one draw of rounding's difference against another's.
 - **analytic** (no control, or an entry or step the control does not hold): :data:`GROWTH`
-  times the reference of run B's differences at the earlier steps, plus one step's own
-  rounding, :data:`STEP_ROUNDINGS` units: all the first differing step is allowed, as the state
-  it started from was equal bit for bit. A trajectory that amplifies faster than
-  :data:`GROWTH` a step (an instability) goes beyond it, a change smaller than what has already
+  times the reference of run B's differences at the earlier steps (a growth of :data:`RATE` a
+  step, as the sketches estimate it), plus one step's own rounding, :data:`STEP_ROUNDINGS`
+  units: all the first differing step is allowed, as the state it started from was equal bit
+  for bit. A trajectory that amplifies faster than :data:`RATE` a step (an instability) goes
+  beyond it, a change smaller than what has already
   drifted is not seen, and a run computing in a coarser precision than its entries' dtype
   (bf16 autocast, TF32) parts at its first step by more: a control run measures all three.
 
@@ -58,15 +59,18 @@ from ...store import RankTrace, TensorRecord, TraceError
 from ...store.schema import SKETCHED_STATE_KINDS
 from ...store.states import StateEntry, StepState
 from .distance import Distance, finite, tensor_distance
+from .families import ESTIMATE
 from .judgement import Judged
 from .rounding import dtype_unit
 from .rule import Tolerance
 
-# How much an entry's difference may grow in one step, past the largest it had before, where
-# no control run measures it: rounding differences on the tests' models grow by at most 1.5x
-# a step; a training at the edge of stability amplifies them by 30-80x a step while it blows up
-# (docs/TOLERANT.md): that takes a control run.
-GROWTH = 16.0
+# How fast rounding differences may grow in one step where no control run measures it: on the
+# tests' models they grow by at most 1.5x a step; a training at the edge of stability amplifies
+# them by 30-80x a step while it blows up (docs/TOLERANT.md): that takes a control run.
+RATE = 4.0
+# The envelope's factor over an entry's largest difference before: RATE, times the sketches'
+# ESTIMATE (a difference estimated at two steps is a ratio of two estimates).
+GROWTH = RATE * ESTIMATE
 # One step's own rounding, in units of the entry's dtype at its scale: a step is thousands of
 # ops. At the first differing step of the tests' pairs it was at most 14 units.
 STEP_ROUNDINGS = 256.0
