@@ -70,7 +70,13 @@ def diff_rank(
     if tolerance is not None and layout is None:
         envelope = StepEnvelope(tolerance, control)
     if by_steps_only(trace_a, trace_b):
-        return _diff_steps_only(trace_a, trace_b, step, envelope)
+        result = _diff_steps_only(trace_a, trace_b, step, envelope)
+        if tolerance is not None and envelope is None:
+            result.notes.append(
+                "--tolerant across parallel layouts judges op records: this rank holds "
+                "step-level records only, compared bit for bit"
+            )
+        return result
     states = None
     entering = None
     if trace_a.has_steps and trace_b.has_steps:

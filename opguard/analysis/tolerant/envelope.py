@@ -93,9 +93,9 @@ class Beyond(StrEnum):
 @dataclass(frozen=True, slots=True)
 class EntryJudgement:
     """A differing state entry of a step that rounding does not explain: why, its distance and
-    the envelope it went beyond (both relative to run A's norm), which envelope that was, and
-    what it grew from (``measured``: the control's largest relative difference so far;
-    ``before``: the entry's own largest before this step)."""
+    the envelope it went beyond (both relative to run A's norm of it), which envelope that was,
+    and the reference it grew from (``measured``: the control run's differences so far;
+    ``before``: run B's at the earlier steps; each the entry's or its kind's at its scale)."""
 
     a: StateEntry
     b: StateEntry
@@ -161,9 +161,8 @@ class EntryJudgement:
 class StepTolerance:
     """What the envelope found on one rank's step-level records: the differing entries it
     explained (``by_control`` of them by the control run's envelope), the differing optimizer
-    states it did not judge, the largest relative distance of each step judged (``drift``), the
-    steps where a distance was unknown, and the first entry beyond (beside the step
-    divergence)."""
+    states it did not judge, the largest relative distance of each step judged (``drift``) and
+    the steps where a distance was unknown."""
 
     control: bool = False
     explained: int = 0
@@ -172,7 +171,6 @@ class StepTolerance:
     without_control: int = 0  # entries judged with a control run that did not hold them
     drift: dict[int, float] = field(default_factory=dict)
     unknown_steps: set[int] = field(default_factory=set)
-    first: EntryJudgement | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -235,7 +233,10 @@ class StepEnvelope:
         self._control_largest = _Largest()  # the control's, this step included
 
     def judge(
-        self, state_a: StepState, state_b: StepState, differing: Sequence[tuple[StateEntry, ...]]
+        self,
+        state_a: StepState,
+        state_b: StepState,
+        differing: Sequence[tuple[StateEntry, StateEntry]],
     ) -> list[EntryJudgement]:
         """The entries of ``differing`` (run A's and run B's entry of each, in the order the
         step computed them) that rounding does not explain at step ``state_a.step``; their
@@ -263,8 +264,6 @@ class StepEnvelope:
                     self.found.unknown_steps.add(step)
         self._largest.add(differences, scales)
         self.found.drift[step] = largest
-        if beyond and self.found.first is None:
-            self.found.first = beyond[0]
         return beyond
 
     def _entry(
