@@ -159,6 +159,20 @@ class StepDivergence:
         return self.comparison.differing[0]
 
     @property
+    def pairs(self) -> tuple[StatePair, ...]:
+        """The entries that make the divergence, in the order the step computed them: under
+        ``--tolerant`` those beyond the envelope, else every differing one."""
+        if self.beyond:
+            return tuple(StatePair(judged.a, judged.b) for judged in self.beyond)
+        return self.comparison.differing
+
+    @property
+    def alike(self) -> str:
+        """How the entries that do not make it compare: ``equal``, or under ``--tolerant``
+        ``within rounding``."""
+        return "within rounding" if self.beyond else "equal"
+
+    @property
     def judged(self) -> EntryJudgement | None:
         """Under ``--tolerant``, why the first entry is beyond the envelope."""
         return self.beyond[0] if self.beyond else None
@@ -171,8 +185,10 @@ class StepDivergence:
     def meaning(self) -> str:
         """Which part of the step made the difference, as a sentence."""
         what = "parameters" if self.first.kind == "param" else "optimizer states"
-        alike, beyond = ("within rounding", " beyond rounding") if self.beyond else ("equal", "")
-        text = WORDS[self.cause].state.format(step=self.step, what=what, alike=alike, beyond=beyond)
+        beyond = " beyond rounding" if self.beyond else ""
+        text = WORDS[self.cause].state.format(
+            step=self.step, what=what, alike=self.alike, beyond=beyond
+        )
         missing = [
             e for e in (*self.comparison.only_a, *self.comparison.only_b) if e.kind == "grad"
         ]
