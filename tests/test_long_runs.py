@@ -407,7 +407,7 @@ def test_a_failing_step_level_recorder_stops_and_the_training_goes_on(
 
     calls = []
 
-    def failing(tensors: list[torch.Tensor], labels: list[bytes]) -> Any:
+    def failing(tensors: list[torch.Tensor], labels: list[bytes], *, sketch: bool) -> Any:
         calls.append(len(tensors))
         raise RuntimeError("injected")
 

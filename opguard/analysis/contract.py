@@ -15,6 +15,7 @@ from .divergence.nonfinite import Nonfinite, nonfinite_tensors
 from .result import RankDiff, RunDiff
 from .state_diff import ENTRIES_SHOWN, StateComparison, StepDivergence
 from .tolerant.distance import finite
+from .tolerant.envelope import envelope_json
 from .tolerant.judgement import Unjudged
 
 SCHEMA = "opguard.diff/1"
@@ -123,6 +124,23 @@ def state_divergence_json(div: StepDivergence) -> dict[str, Any]:
             "count_a": len(compared.only_a),
             "count_b": len(compared.only_b),
         },
+        "beyond": _beyond_json(div),
+    }
+
+
+def _beyond_json(div: StepDivergence) -> dict[str, Any] | None:
+    """Under --tolerant, the step's entries beyond the rounding envelope (None: bit for bit)."""
+    if not div.beyond:
+        return None
+    by_kind: dict[str, list[str]] = {}
+    for judged in div.beyond:
+        by_kind.setdefault(judged.a.kind, []).append(judged.label)
+    return {
+        "count": len(div.beyond),
+        "by_kind": {
+            kind: {"count": len(labels), "first": labels[0]} for kind, labels in by_kind.items()
+        },
+        "first": [judged.to_json() for judged in div.beyond[:ENTRIES_SHOWN]],
     }
 
 
@@ -154,6 +172,7 @@ def _states_json(states: StateComparison | None) -> dict[str, Any] | None:
         "entry": first.first.label if first else None,
         "steps_only_in_a": states.only_in_a,
         "steps_only_in_b": states.only_in_b,
+        "rounding": states.tolerance.to_json() if states.tolerance is not None else None,
     }
 
 
@@ -174,6 +193,10 @@ def step_level_json(result: RunDiff) -> dict[str, Any] | None:
         "differed_before_window": None
         if start is None
         else first is not None and first.step < start,
+        "envelope": envelope_json(result.tolerance)
+        if result.tolerance is not None
+        and any(r.states and r.states.tolerance for r in result.ranks)
+        else None,
     }
 
 

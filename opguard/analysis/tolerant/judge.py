@@ -16,6 +16,7 @@ from ..divergence.model import differing_tensors as differing
 from ..words.verdict import Cause, Kind, Side
 from . import families
 from .distance import EQUAL, Distance, tensor_distance
+from .envelope import EnteringState
 from .families import Bound, divides
 from .judgement import (
     DRIFT_AROUND,
@@ -78,11 +79,14 @@ class Judge:
         traces: tuple[RankTrace, RankTrace],
         alignment: Alignment,
         noise: NoiseFloor | None = None,
+        entering: EnteringState | None = None,
     ) -> None:
         self.tolerance = tolerance
         self.traces = traces
         self.alignment = alignment
         self.noise = noise  # --noise: run A's distances from the control run
+        # the state entering the first step recorded op by op, within the step-level envelope
+        self.entering = entering
         self.environments = (traces[0].environment, traces[1].environment)
         self.found = RankTolerance()
         self._first_step: int | None = None
@@ -222,6 +226,8 @@ class Judge:
             distance = self.distances.between(ta, tb) or self.distances.bound_by_outputs(
                 op_a, op_b, ta, tb
             )
+            if distance is None and self.entering is not None:  # a view of that state
+                distance = self.entering.distance((ta, tb))
             if distance is None:
                 if not judging:
                     continue
@@ -361,6 +367,8 @@ class Judge:
         of the ops of one run only that wrote it (:meth:`Sources.region_bound`)."""
         own = coarsest(tensors)
         rel = self.tolerance.rel
+        if source is Reason.LEAF and self.entering and self.entering.holds(tensors):
+            return None  # the training state as the step began: judged at the step level
         if source is Reason.LEAF:
             analytic = self.tolerance.limit(0.0, own)
             what = f"input '{slot}', which no recorded op produced"
