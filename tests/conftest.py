@@ -1,4 +1,11 @@
-"""Shared fixtures: recording scripts through the real CLI in a subprocess."""
+"""Shared fixtures: recording scripts through the real CLI in a subprocess.
+
+The tests run in parallel, in pytest-xdist workers (pyproject.toml's addopts): a test writes
+only under its tmp_path, listens on port 0, names anything machine-wide after its process id,
+and a recording several modules read is made once per run with ``run_once.made_once`` (a
+session-scoped fixture runs once per worker). The rules in full: docs/INSTALL.md, "Running the
+tests".
+"""
 
 from __future__ import annotations
 
