@@ -23,7 +23,7 @@ DONE, FAILED = ".done", ".failed"  # beside a directory: made, or why making it 
 
 def run_dir(factory: pytest.TempPathFactory) -> Path:
     """The directory of this pytest run that all its workers share: the parent of a worker's
-    base directory (``pytest-N/gwK``), or the base directory itself without xdist."""
+    base directory (``pytest-N/popen-gwK``), or the base directory itself without xdist."""
     base = factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
@@ -41,7 +41,7 @@ def made_once(factory: pytest.TempPathFactory, name: str, make: Callable[[Path],
     done, failed = path.with_name(name + DONE), path.with_name(name + FAILED)
     with run_lock(path):
         if failed.exists():
-            pytest.fail(f"making {name} failed in another test worker:\n{failed.read_text()}")
+            pytest.fail(f"making {name} failed earlier in this run:\n{failed.read_text()}")
         if not done.exists():
             shutil.rmtree(path, ignore_errors=True)  # left half made by a worker that died
             path.mkdir(parents=True)
