@@ -41,8 +41,9 @@ cd /tmp  # never import opguard from the source tree (it has no built extension)
 for part in $parts; do
   case $part in
     tests)
-      # only the files with GPU tests: the others need the UI and agent dependencies
-      python3 -m pytest -q -p no:cacheprovider -m cuda "$ROOT/tests/test_cuda.py" \
+      # only the files with GPU tests: the others need the UI and agent dependencies; in one
+      # process (no addopts: pytest-xdist's workers), as the tests share the one GPU
+      python3 -m pytest -q -p no:cacheprovider -o addopts= -m cuda "$ROOT/tests/test_cuda.py" \
         "$ROOT/tests/test_compiled.py" "$ROOT/tests/test_fuzz.py" > "$OUT/tests.txt" 2>&1
       tail -40 "$OUT/tests.txt" ;;
     bench)

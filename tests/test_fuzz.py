@@ -20,6 +20,8 @@ from fuzz_mutations import make_pair
 from fuzz_oracle import Truth, compare, observe
 from fuzz_programs import Program, render
 
+pytestmark = pytest.mark.slow  # long in all: started first (conftest.py)
+
 
 def _script(tmp_path: Path, name: str, program: Program) -> Path:
     path = tmp_path / f"{name}.py"

@@ -32,6 +32,8 @@ from opguard.recorder.tensors import fingerprint_fields
 from opguard.store import Run, schema
 from opguard.store.states import StateEntry, decode_step, expand_step
 
+pytestmark = pytest.mark.slow  # long in all: started first (conftest.py)
+
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 SCRIPT = SCRIPTS / "steps_train.py"
 CRASH = SCRIPTS / "crash_train.py"
