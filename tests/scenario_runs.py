@@ -105,6 +105,9 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("gpt2", "gpt2_eps"),
 )
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "PYTHONUNBUFFERED": "1"}
+# Seconds a batch's recordings may take: each takes seconds alone, but a batch is all the
+# scenario scripts at once, on a machine whose other test worker (and other work) share its cores.
+BATCH_TIMEOUT = 900
 
 
 class Recordings:
@@ -123,15 +126,21 @@ class Recordings:
             for name in wanted:  # left half made by a worker that died
                 shutil.rmtree(self.root / name, ignore_errors=True)
             running = [(name, self._start(name)) for name in wanted]
-            for name, proc in running:
-                out, err = proc.communicate(timeout=300)
-                (self.root / f"{name}.stdout").write_text(out)
-                (self.root / f"{name}.stderr").write_text(err)
-                if proc.returncode == 0:
-                    (self.root / f"{name}{DONE}").touch()
-                else:
-                    failure = f"exit {proc.returncode}\n{out}\n{err}"
-                    (self.root / f"{name}{FAILED}").write_text(failure)
+            try:
+                for name, proc in running:
+                    out, err = proc.communicate(timeout=BATCH_TIMEOUT)
+                    (self.root / f"{name}.stdout").write_text(out)
+                    (self.root / f"{name}.stderr").write_text(err)
+                    if proc.returncode == 0:
+                        (self.root / f"{name}{DONE}").touch()
+                    else:
+                        failure = f"exit {proc.returncode}\n{out}\n{err}"
+                        (self.root / f"{name}{FAILED}").write_text(failure)
+            finally:  # a recording that hangs: none of the batch is left running
+                for _, proc in running:
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.wait()
         for name in names:
             failure = self._outcome(name)
             if failure:
