@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .analysis import RunDiff, diff_runs
+from .analysis import RunDiff
 from .analysis.contract import to_json
 from .analysis.state_diff import StepDivergence, window_switches
 from .children import refusal
-from .store import Run
+from .distributed.driver import compare_runs
 
 SCHEMA = "opguard.hunt/1"
 # What a brief answer keeps of each diff's object: the diff tool on the runs gives the rest.
@@ -101,6 +101,7 @@ class Hunter:
     python: str | None = None
     overwrite: bool = False
     progress: Progress | None = None
+    ray: str | None = None  # the diffs on that Ray cluster (opguard.distributed)
 
     def record(
         self, run: str, kind: str, switches: list[str], step: int | None = None
@@ -126,6 +127,10 @@ class Hunter:
             raise HuntError(_failure(rec, how, code))
         return rec
 
+    def diff(self, a: Recording, b: Recording) -> RunDiff:
+        """Both runs' recordings of one pass compared (on the Ray cluster, with ``ray``)."""
+        return compare_runs(str(a.path), str(b.path), ray=self.ray, report=self.progress)
+
 
 def _failure(rec: Recording, how: str, code: int) -> str:
     """One line: which run failed in which pass, why when OpGuard said why, and where its
@@ -135,11 +140,6 @@ def _failure(rec: Recording, how: str, code: int) -> str:
     if said is not None:  # opguard record refused it
         return f"{run}: {said} (output: {rec.log})"
     return f"{run} failed while recorded {how} (exit status {code}); its output: {rec.log}"
-
-
-def _diff(a: Recording, b: Recording) -> RunDiff:
-    with Run(a.path) as run_a, Run(b.path) as run_b:
-        return diff_runs(run_a, run_b)
 
 
 def _entry(div: StepDivergence) -> str:
@@ -263,9 +263,10 @@ def hunt(
     python: str | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
+    ray: str | None = None,
 ) -> Hunt:
     """Both passes: both runs at step level, then, if they differ, both again op by op in the
-    first differing step. Raises :class:`HuntError` (one line) for bad input and failed
+    first differing step; ``ray``: each pass's diff on that Ray cluster. Raises :class:`HuntError` (one line) for bad input and failed
     recordings, and the store's ``TraceError`` for traces the diff cannot read."""
     targets = {"a": target_words(target_a, "--a"), "b": target_words(target_b, "--b")}
     if not overwrite:  # before the first recording, not after it
@@ -277,14 +278,14 @@ def hunt(
                         f"{path} exists (an earlier hunt?): pass --overwrite to replace it"
                     )
     directory.mkdir(parents=True, exist_ok=True)
-    hunter = Hunter(directory, targets, python, overwrite, progress)
+    hunter = Hunter(directory, targets, python, overwrite, progress, ray)
     steps = [hunter.record(run, STEP_PASS, ["--steps-only"]) for run in targets]
-    result = Hunt(directory, _diff(*steps), steps)
+    result = Hunt(directory, hunter.diff(*steps), steps)
     found = result.found
     if found is None:
         return result
     switches = window_switches(found.step)
     windows = [hunter.record(run, WINDOW_PASS, switches, found.step) for run in targets]
     result.recordings += windows
-    result.op_level = _diff(*windows)
+    result.op_level = hunter.diff(*windows)
     return result

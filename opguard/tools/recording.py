@@ -57,6 +57,7 @@ def run_hunt(args: dict[str, Any], **options: Any) -> Hunt:
             args["b"],
             python=args["python"],
             overwrite=args["overwrite"],
+            ray=args["ray"],
             **options,
         )
     except HuntError as exc:

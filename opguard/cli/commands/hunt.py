@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from ...hunt import Hunt
 from ...tools.recording import run_hunt
-from .base import add_html, directory_name, print_json, write_html
+from .base import RAY, RAY_AUTO, add_html, add_ray, directory_name, print_json, write_html
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--overwrite", action="store_true", help="replace the run directories of an earlier hunt"
     )
+    add_ray(p)
     p.add_argument(
         "--json",
         action="store_true",
@@ -75,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
 def _command(args: argparse.Namespace) -> list[str]:
     """The ``opguard hunt`` that writes this report again (the report says it)."""
     python = ["--python", args.python] if args.python else []
-    runs = ["--a", args.a, "--b", args.b, *python]
+    ray = [] if args.ray is None else [RAY if args.ray == RAY_AUTO else f"{RAY}={args.ray}"]
+    runs = ["--a", args.a, "--b", args.b, *python, *ray]
     return ["opguard", "hunt", "-o", args.output, *runs, "--overwrite", "--html", args.html]
 
 

@@ -1,0 +1,120 @@
+"""``opguard diff --ray``: two runs whose ranks sit on several nodes' disks, compared on a
+local Ray cluster (tests/ray_cluster.py: a head and two worker nodes, each with its own
+directory standing for its local disk), must give the answer the process pool gives on the
+same traces, and say what it could not compare: a rank whose trace is damaged or missing on
+its node, the ranks of a node gone. A worker killed mid-comparison is run again by Ray, with
+the same answer.
+
+Runs: 24 ranks of step-level records (tests/traces.py), rank 17 diverging at a late step;
+``meta.json`` only on the node holding rank 0, as a job of several nodes leaves it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from traces import TraceBuilder
+
+from opguard.store import schema
+
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'opguard[ray]'")
+
+from ray_cluster import LocalCluster  # noqa: E402 (after the skip: it imports nothing of Ray)
+
+RANKS, STEPS, DIVERGING, AT = 24, 60, 17, 52
+PARAMS = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+
+
+def _entries(builder: TraceBuilder, rank: int, step: int, changed: bool) -> list[Any]:
+    """A step's records: the loss, each gradient and parameter, the CPU generator."""
+    def fields(kind: str, name: str) -> dict[str, Any]:
+        mark = f"{kind} {name} {rank} {step}{'*' if changed and kind != 'rng' else ''}"
+        return {"d": "float32", "s": [4], "h": hash(mark) & (1 << 63) - 1, "z": 16, "f": 0}
+
+    named = [("loss", "loss"), *(("grad", p) for p in PARAMS), *(("param", p) for p in PARAMS)]
+    named.append(("rng", "cpu"))
+    return [(kind, builder.state_name(name), "", fields(kind, name)) for kind, name in named]
+
+
+def _write(path: Path, side: str, rank: int, *, ops: bool = False) -> None:
+    meta = {"world_size": RANKS, "steps_only": not ops}
+    with TraceBuilder(path, rank=rank, meta=meta, start={"host": f"node-{rank % 3}"}) as b:
+        for step in range(STEPS):
+            changed = side == "b" and rank == DIVERGING and step >= AT
+            if ops and step >= AT - 1:  # a window of the last steps, op by op
+                fp = hash(f"{rank} {step}{'*' if changed else ''}") & (1 << 62) - 1
+                b.op("aten::mm", [], [{"n": "0", "d": "float32", "s": [4], "h": fp, "z": 16}], step=step)
+            b.step_record(step, _entries(b, rank, step, changed))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    with LocalCluster(workers=2) as started:
+        yield started
+
+
+def _runs(root: Path, cluster: LocalCluster, *, ops: bool = False) -> tuple[Path, Path]:
+    """Both runs whole under ``root`` (what the process pool reads), and on the nodes: rank K
+    on node K mod 3, ``meta.json`` with rank 0 only."""
+    paths = []
+    for side in ("a", "b"):
+        path = root / side
+        for rank in range(RANKS):
+            _write(path, side, rank, ops=ops)
+        for node in cluster.nodes:
+            shutil.rmtree(node.local(path), ignore_errors=True)
+        for rank in range(RANKS):
+            local = cluster.nodes[rank % len(cluster.nodes)].local(path)
+            shutil.copytree(path / schema.rank_dir_name(rank), local / schema.rank_dir_name(rank))
+            if rank == 0:
+                shutil.copy(path / schema.META_FILE, local / schema.META_FILE)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def _diff(*args: str) -> tuple[dict[str, Any], int, str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "opguard", "diff", *args, "--json"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+        timeout=300,
+    )
+    out = json.loads(done.stdout) if done.stdout.strip() else {}
+    return out, done.returncode, done.stderr
+
+
+def _without_paths(found: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in found.items() if k != "runs"}
+
+
+@pytest.fixture(scope="module")
+def steps_only(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return _runs(tmp_path_factory.mktemp("steps"), cluster)
+
+
+def test_the_answer_on_ray_is_the_process_pools(
+    cluster: LocalCluster, steps_only: tuple[Path, Path]
+) -> None:
+    a, b = steps_only
+    here, code, _ = _diff(str(a), str(b))
+    there, ray_code, err = _diff(str(a), str(b), f"--ray={cluster.address}")
+    assert (code, ray_code) == (1, 1), err[-3000:]
+    assert there, err[-3000:]
+    assert there["first_divergence"]["rank"] == DIVERGING
+    assert there["first_divergence"]["step"] == AT
+    assert _without_paths(there) == _without_paths(here)
+    assert f"compared {RANKS} rank(s) on 3 of 3 Ray node(s)" in err, err
