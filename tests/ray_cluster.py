@@ -28,6 +28,13 @@ from opguard.distributed.holdings import NODE_ROOT_ENV
 STARTED = "Ray runtime started."  # what `ray start` prints once its node is up
 START_TIMEOUT_S = 120.0
 OBJECT_STORE_BYTES = 80 << 20  # per node (Ray's least is 75 MiB)
+TESTS = str(Path(__file__).resolve().parent)
+FAST_FAILURE_DETECTION = {
+    "RAY_health_check_initial_delay_ms": "500",
+    "RAY_health_check_period_ms": "500",
+    "RAY_health_check_timeout_ms": "500",
+    "RAY_health_check_failure_threshold": "3",
+}
 
 
 def free_port() -> int:
@@ -95,6 +102,10 @@ class LocalCluster:
         ]
         log = self.dir / f"{name}.log"
         env = {**os.environ, NODE_ROOT_ENV: str(root), "RAY_USAGE_STATS_ENABLED": "0"}
+        # Workers import tests/ray_faults.py (a fault planted in them), and a node gone is
+        # found in a second or two, not the half minute a real cluster waits for one.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")]))
+        env.update(FAST_FAILURE_DETECTION)
         with log.open("wb") as out:
             process = subprocess.Popen(
                 [*ray, *where, *options],

@@ -118,3 +118,105 @@ def test_the_answer_on_ray_is_the_process_pools(
     assert there["first_divergence"]["step"] == AT
     assert _without_paths(there) == _without_paths(here)
     assert f"compared {RANKS} rank(s) on 3 of 3 Ray node(s)" in err, err
+
+
+def test_op_records_are_compared_only_where_the_divergence_reached(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Runs with step-level records and a window of op records: the step-level records of
+    every rank first, then the op records of the rank whose state differs, and of no other;
+    the first divergence is the one the process pool names. explain then reads the traces it
+    needs from the nodes (the driver's copy is gone)."""
+    a, b = _runs(tmp_path, cluster, ops=True)
+    here, code, _ = _diff(str(a), str(b))
+    there, ray_code, err = _diff(str(a), str(b), f"--ray={cluster.address}")
+    assert (code, ray_code) == (1, 1), err[-3000:]
+    assert there["first_divergence"] == here["first_divergence"]
+    assert there["first_divergence"]["a"]["op"] == "aten::mm"
+    assert there["verdict"] == here["verdict"] and there["origin_ranks"] == [DIVERGING]
+    levels = {r["rank"]: r["level"] for r in there["ranks"]}
+    assert levels.pop(DIVERGING) == "op" and set(levels.values()) == {"step"}
+    assert any("compared by their step-level records only" in n for n in there["notes"])
+    for side in (a, b):
+        shutil.rmtree(side)
+    explained = subprocess.run(
+        [sys.executable, "-m", "opguard", "explain", str(a), str(b), "--ray", cluster.address],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=300,
+    )
+    assert explained.returncode == 1, explained.stderr[-3000:]
+    assert f"rank {DIVERGING}" in explained.stdout and "aten::mm" in explained.stdout
+
+
+def test_a_damaged_or_missing_trace_is_named_and_the_rest_compared(
+    cluster: LocalCluster, steps_only: tuple[Path, Path]
+) -> None:
+    a, b = steps_only
+    damaged, missing = 4, 5  # on nodes n1 and n2
+    data = cluster.nodes[damaged % 3].local(b) / schema.rank_dir_name(damaged) / "data.mdb"
+    kept = data.read_bytes()
+    gone = cluster.nodes[missing % 3].local(a) / schema.rank_dir_name(missing)
+    try:
+        data.write_bytes(kept[: len(kept) // 3])
+        shutil.move(gone, gone.with_name("moved"))
+        found, code, err = _diff(str(a), str(b), f"--ray={cluster.address}")
+    finally:
+        data.write_bytes(kept)
+        shutil.move(gone.with_name("moved"), gone)
+    assert code == 1, err[-3000:]  # rank 17 still diverged
+    assert found["first_divergence"]["rank"] == DIVERGING
+    why = {entry["rank"]: entry["why"] for entry in found["ranks_not_compared"]}
+    assert sorted(why) == [damaged, missing]
+    assert "data.mdb" in why[damaged] or "damaged" in why[damaged], why
+    assert f"run A's trace of rank {missing}" in why[missing], why
+    assert len(found["ranks"]) == RANKS - 2
+    assert f"rank {damaged}: not compared" in " ".join(found["notes"])
+
+
+def test_a_worker_killed_mid_comparison_is_run_again_with_the_same_answer(
+    cluster: LocalCluster, steps_only: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from opguard.analysis.contract import to_json
+    from opguard.distributed.driver import diff_on_cluster
+    from ray_faults import MARKER_ENV, RANK_ENV
+
+    a, b = steps_only
+    here, _, _ = _diff(str(a), str(b))
+    marker = tmp_path / "killed"
+    ray.init(
+        address=cluster.address,
+        logging_level="ERROR",
+        log_to_driver=False,
+        runtime_env={
+            "env_vars": {MARKER_ENV: str(marker), RANK_ENV: str(DIVERGING)},
+            "worker_process_setup_hook": "ray_faults.kill_first_comparison",
+        },
+    )
+    try:
+        found = diff_on_cluster(ray, str(a), str(b))
+    finally:
+        ray.shutdown()
+    assert marker.exists()  # the comparison of rank 17 was killed once ...
+    assert not found.result.not_compared
+    assert _without_paths(to_json(found.result)) == _without_paths(here)  # ... and run again
+
+
+def test_the_ranks_of_a_node_gone_are_listed_as_not_compared(
+    cluster: LocalCluster, steps_only: tuple[Path, Path]
+) -> None:
+    """Last: the cluster loses a node for good. Its ranks (those of rank 17 among them) are
+    listed as not compared and the verdict is incomplete; with nothing left to compare, the
+    diff is an error."""
+    a, b = steps_only
+    cluster.kill(cluster.nodes[2])
+    found, code, err = _diff(str(a), str(b), f"--ray={cluster.address}")
+    assert code == 3, err[-3000:]
+    assert found["verdict"] == "incomplete" and found["first_divergence"] is None
+    lost = sorted(entry["rank"] for entry in found["ranks_not_compared"])
+    assert lost == [k for k in range(RANKS) if k % 3 == 2]
+    assert "ranks 2, 5, 8" in found["scope"]
+    _, code, err = _diff(str(a), str(b), "--rank", str(DIVERGING), f"--ray={cluster.address}")
+    assert code == 2 and err.strip().count("\n") == 0, err
+    assert f"no rank could be compared: rank {DIVERGING}" in err
