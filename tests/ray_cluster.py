@@ -11,6 +11,7 @@ It lives in ``tests/`` (test code); the benchmark puts ``tests/`` on ``sys.path`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -80,11 +81,9 @@ class LocalCluster:
         root = self.dir / name
         root.mkdir()
         ray = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block"]
+        head_options = ["--head", "--port", str(self.port), "--temp-dir", str(self.dir / "ray")]
         where = (
-            ["--head", "--port", str(self.port), "--temp-dir", str(self.dir / "ray")]
-            + ["--include-dashboard", "false"]
-            if head
-            else ["--address", self.address]
+            [*head_options, "--include-dashboard", "false"] if head else ["--address", self.address]
         )
         ports = ["--dashboard-agent-listen-port", "--dashboard-agent-grpc-port"]
         ports += ["--runtime-env-agent-port", "--metrics-export-port"]
@@ -157,7 +156,5 @@ def _kill_session(sid: int) -> None:
         except OSError:
             continue
         if int(fields[3]) == sid:  # after the name: state, ppid, pgrp, session
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(entry.name), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
