@@ -4,15 +4,15 @@
 #
 #   bash bench/gpu_session.sh [tests] [bench] [kernels] [ddp] [compile] [parts] [fixture] [long] [tolerant] [fuzz]
 #                                        (default: all but parts, fixture, long, tolerant and fuzz)
-#   fixture: records tests/data/cross_version/mlp.py with this machine's torch into
-#            $OUT/torch-X.Y (copy it to tests/data/cross_version/: the cross-version pair)
+#   fixture: records tests/data/cross_version/mlp.py and hf_models.py (an HF Llama and GPT-2)
+#            with this machine's torch on its CPU, into $OUT/fixtures.tgz (unpack it into
+#            tests/data/cross_version/: the cross-version pairs)
 #   long:    issue 28's targets (bench/long_runs.py: --steps-only, --window, step-level trace
 #            size, --keep-last 20 over 1,000 GPT-2 steps), then opguard hunt on a 200-step
 #            GPT-2 pair whose run B scales step 150's loss (tests/cuda_scenarios/gpt2_long.py)
-#   tolerant: issue 30's GPU pairs (tests/cuda_scenarios/gpt_numerics.py): TF32 on against off,
-#            fused against foreach AdamW, memory-efficient against math attention (each expected
-#            within rounding) and, behind the last, a changed softmax scale (named), each
-#            compared by opguard diff --tolerant (text and JSON under $OUT/tolerant)
+#   tolerant: issue 38's GPU pairs (bench/tolerant_gpu.py: TF32, bf16 autocast, fused AdamW,
+#            attention kernels, index_add_'s atomics, GPT-2 with dropout, a Llama-class model,
+#            and real changes behind them), the traces in $OUT/tolerant-traces.tgz
 #   fuzz:    the mutation fuzzer's GPU programs (bench/fuzz.py --device cuda, FUZZ_PAIRS pairs,
 #            default 500): its table in $OUT/fuzz_gpu.txt goes into docs/COMPARING.md's GPU
 #            block, the pairs answered wrongly under $OUT/fuzz-failures
@@ -41,14 +41,21 @@ cd /tmp  # never import opguard from the source tree (it has no built extension)
 for part in $parts; do
   case $part in
     tests)
-      # only the files with GPU tests: the others need the UI and agent dependencies
-      python3 -m pytest -q -p no:cacheprovider -m cuda "$ROOT/tests/test_cuda.py" \
+      # only the files with GPU tests: the others need the UI and agent dependencies; in one
+      # process (no addopts: pytest-xdist's workers), as the tests share the one GPU
+      python3 -m pytest -q -p no:cacheprovider -o addopts= -m cuda "$ROOT/tests/test_cuda.py" \
         "$ROOT/tests/test_compiled.py" "$ROOT/tests/test_fuzz.py" > "$OUT/tests.txt" 2>&1
       tail -40 "$OUT/tests.txt" ;;
     bench)
       python3 "$ROOT/bench/fingerprint_gpu.py" --mib 512 2>&1 | tee "$OUT/fingerprint_gpu.txt"
       python3 "$ROOT/bench/overhead.py" --rounds 2 --steps 5 --json "$OUT/overhead.json" 2>&1 \
         | grep -v Warning | tee "$OUT/overhead.txt"
+      # what users run: bf16 autocast, eager and compiled (issue 40's targets table)
+      python3 "$ROOT/bench/overhead.py" --bf16 --rounds 2 --steps 5 --no-debugmode \
+        --json "$OUT/overhead_bf16.json" 2>&1 | grep -v Warning | tee "$OUT/overhead_bf16.txt"
+      python3 "$ROOT/bench/overhead.py" --bf16 --compile --rounds 2 --steps 5 --no-debugmode \
+        --json "$OUT/overhead_bf16_compile.json" 2>&1 | grep -v Warning \
+        | tee "$OUT/overhead_bf16_compile.txt"
       python3 "$ROOT/bench/overhead_profile.py" --steps 3 2>&1 | grep -v Warning | tee "$OUT/profile.txt" ;;
     kernels)
       python3 "$ROOT/bench/overhead_profile.py" --steps 2 --gpu --top 12 2>&1 | grep -v Warning \
@@ -62,9 +69,15 @@ for part in $parts; do
         | tee "$OUT/host_parts.txt" ;;
     fixture)
       version=$(python3 -c 'import torch; print(".".join(torch.__version__.split(".")[:2]))')
-      python3 -m opguard record -o "$OUT/torch-$version" --overwrite -- \
-        "$ROOT/tests/data/cross_version/mlp.py" 2>&1 | tee "$OUT/fixture.txt"
-      rm -f "$OUT/torch-$version"/rank-*/lock.mdb ;;
+      mkdir -p /tmp/fixtures
+      for script in "mlp.py" "hf_models.py llama" "hf_models.py gpt2"; do
+        set -- $script
+        name=$([ $# -gt 1 ] && echo "$2-" || true)torch-$version
+        CUDA_VISIBLE_DEVICES= python3 -m opguard record -o "/tmp/fixtures/$name" --overwrite -- \
+          "$ROOT/tests/data/cross_version/$1" "${@:2}" 2>&1 | tail -3 | tee -a "$OUT/fixture.txt"
+      done
+      rm -f /tmp/fixtures/*/rank-*/lock.mdb
+      tar -C /tmp/fixtures -czf "$OUT/fixtures.tgz" . ;;
     long)
       python3 "$ROOT/bench/overhead.py" --rounds 3 --steps 5 --no-debugmode \
         --json "$OUT/overhead_long.json" 2>&1 | grep -v Warning | tee "$OUT/overhead_long.txt"
@@ -79,27 +92,14 @@ for part in $parts; do
       head -12 "$OUT/hunt.txt"
       rm -rf "$OUT"/hunt/?-steps "$OUT"/hunt/?-window ;;  # ~35 MB of traces; the logs stay
     tolerant)
-      scenario="$ROOT/tests/cuda_scenarios/gpt_numerics.py"
-      mkdir -p "$OUT/tolerant"
-      record() {  # NAME ARGS...: one recording of the scenario, its log beside
-        local name=$1; shift
-        python3 -m opguard record -o "$OUT/tolerant/$name" --overwrite -- "$scenario" "$@" \
-          > "$OUT/tolerant/$name.log" 2>&1 || tail -5 "$OUT/tolerant/$name.log"
-      }
-      record reference
-      record tf32 --tf32
-      record fused --optimizer fused
-      record efficient --backend efficient
-      record scaled --backend efficient --scale 0.2
-      for pair in tf32 fused efficient scaled; do
-        python3 -m opguard diff "$OUT/tolerant/reference" "$OUT/tolerant/$pair" --tolerant \
-          > "$OUT/tolerant/$pair.txt" 2>&1
-        echo "reference vs $pair: exit $?" | tee -a "$OUT/tolerant/verdicts.txt"
-        head -6 "$OUT/tolerant/$pair.txt" | tee -a "$OUT/tolerant/verdicts.txt"
-        python3 -m opguard diff "$OUT/tolerant/reference" "$OUT/tolerant/$pair" --tolerant \
-          --json > "$OUT/tolerant/$pair.json" 2>/dev/null
-      done
-      rm -rf "$OUT"/tolerant/*/ ;;  # the traces stay on the device; the reports come back
+      # issue 38's GPU pairs (tests/tolerant_runs.py's GPU_PAIRS: the fit half and the held-out
+      # half), each compared by opguard diff --tolerant; the traces come back as one archive
+      # for bench/tolerant_calibration.py (on any machine: reading them needs no torch)
+      python3 "$ROOT/bench/tolerant_gpu.py" --root /tmp/tolerant --json "$OUT/tolerant.json" \
+        2>&1 | grep -v Warning | tee "$OUT/tolerant.txt"
+      rm -f /tmp/tolerant/*/rank-*/lock.mdb
+      tar -C /tmp -czf "$OUT/tolerant-traces.tgz" tolerant
+      ls -la "$OUT/tolerant-traces.tgz" ;;
     fuzz)
       python3 "$ROOT/bench/fuzz.py" --device cuda --pairs "${FUZZ_PAIRS:-500}" --workers 12 \
         --save-failures "$OUT/fuzz-failures" 2>&1 | grep -v Warning | tee "$OUT/fuzz_gpu.txt" ;;

@@ -29,8 +29,11 @@ sets it before the script runs); the benchmark compiles once, with it set, for a
 DebugMode and the passthrough mode are left out: under them Dynamo runs the model eagerly (or,
 for DebugMode, records nothing inside compiled regions).
 
+``--bf16`` runs the forward under bf16 autocast (the loss and the backward as autocast leaves
+them), as most training runs: with ``--compile``, the configuration whose steps are shortest.
+
     python bench/overhead.py [--steps 6] [--rounds 3] [--batch 8] [--seq 1024] [--compile]
-                             [--json out.json]
+                             [--bf16] [--json out.json]
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def distributed() -> bool:
 
 
 def build(
-    batch: int, seq: int, compile: bool = False
+    batch: int, seq: int, compile: bool = False, bf16: bool = False
 ) -> tuple[Callable[..., float], torch.nn.Module]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -93,7 +96,8 @@ def build(
 
     def step(mark: Callable[[str], None] = lambda phase: None) -> float:
         """One training step; ``mark(phase)`` is called as each phase returns."""
-        out = forward(tokens, labels=tokens)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            out = forward(tokens, labels=tokens)
         mark("forward")
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
@@ -150,13 +154,14 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--no-debugmode", action="store_true")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--bf16", action="store_true", help="the forward under bf16 autocast")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
     if not torch.cuda.is_available():
         print("no CUDA GPU here: the GPU overhead benchmark measures nothing")
         return
-    step, _ = build(args.batch, args.seq, compile=args.compile)
+    step, _ = build(args.batch, args.seq, compile=args.compile, bf16=args.bf16)
     if distributed():  # one run directory shared by the ranks, each writing its rank-K
         job = os.environ.get("TORCHELASTIC_RUN_ID", "job")
         workdir = Path(tempfile.gettempdir()) / f"opguard-bench-{job}"
@@ -276,6 +281,7 @@ def main() -> None:
         "batch": args.batch,
         "seq": args.seq,
         "compiled": args.compile,
+        "bf16": args.bf16,
         "rounds": args.rounds,
         "steps": args.steps,
         "ops_per_step": ops / steps_recorded,
@@ -295,7 +301,8 @@ def main() -> None:
         if torch.distributed.get_rank() != 0:
             return
     print(
-        f"GPT-2 124M{', torch.compile' if args.compile else ''}, batch {args.batch} x {args.seq}, "
+        f"GPT-2 124M{', bf16 autocast' if args.bf16 else ''}{', torch.compile' if args.compile else ''}"
+        f", batch {args.batch} x {args.seq}, "
         f"{result['device']}, torch {torch.__version__}"
         f", {result['world_size']} rank(s)"
     )

@@ -18,7 +18,9 @@
    trades the GIL with the recording thread once per record.
 
     python bench/overhead_profile.py [--steps 3] [--top 20] [--batch 8] [--seq 1024]
-                                     [--gpu | --phases]
+                                     [--gpu | --phases] [--bf16]
+
+``--bf16``: the forward under bf16 autocast (bench/overhead.py's ``--bf16``).
 """
 
 from __future__ import annotations
@@ -62,9 +64,10 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--gpu", action="store_true", help="GPU time by kernel instead")
     parser.add_argument("--phases", action="store_true", help="host and GPU time by phase")
+    parser.add_argument("--bf16", action="store_true", help="the forward under bf16 autocast")
     args = parser.parse_args()
 
-    step, _ = build(args.batch, args.seq)
+    step, _ = build(args.batch, args.seq, bf16=args.bf16)
     step()  # warm-up outside the recording
     if args.gpu:
         gpu_time_by_kernel(step, args.steps, args.top)

@@ -57,8 +57,9 @@ class Measuring(Judge):
     def judge(self, op_a: OpRecord, op_b: OpRecord) -> Judgement | None:
         judged = super().judge(op_a, op_b)
         unit = op_unit(op_a, op_b, self.environments)
-        d_in, _, _ = self._inputs(op_a, op_b, unit)
-        spread = d_in.spread
+        # the measured inputs' distance (judging=False: inputs of unknown distance, which the
+        # judge took at what rounding allows and noted, are left out, and not noted twice)
+        spread = self._inputs(op_a, op_b, unit, judging=False).d_in.spread
         for d in differing_tensors(op_a.outputs, op_b.outputs):
             ta, tb = d.a, d.b
             if ta is None or tb is None or ta.is_view or tb.is_view:

@@ -60,8 +60,8 @@ class Content {
   void resolve();
   // The number of its fields, and their keys and values (resolved first), with the entry's own
   // flags `entry_flags` (view, written) merged into its "f" (present when any flag is set),
-  // and its sketch ("w") where `with_sketch` (step-level entries leave it out: the tolerant
-  // diff judges op records, and a step's record of every state tensor stays small).
+  // and its sketch ("w") where `with_sketch` (step-level entries keep it for the tensors the
+  // tolerant step-level diff judges only, so that a step's record stays small).
   size_t field_count(int entry_flags, bool with_sketch = true) const;
   void pack(MsgpackOut& out, int entry_flags, bool with_sketch = true) const;
   // Its fields as a dict, resolving them first (waiting for the GPU without the GIL).

@@ -17,11 +17,13 @@ std::string state_label(const std::string& kind, int64_t name_id, const std::str
 }
 
 std::shared_ptr<StateBatch> fingerprint_all(TensorProbe& probe, const py::list& tensors,
-                                            const py::list& labels, int64_t head_elements) {
+                                            const py::list& labels, int64_t head_elements,
+                                            bool sketch) {
   if (tensors.size() != labels.size()) {
     throw py::value_error("fingerprint_all: as many labels as tensors are needed");
   }
   auto batch = std::make_shared<StateBatch>();
+  batch->sketch = sketch;
   batch->tensors.reserve(tensors.size());
   try {
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -60,11 +62,11 @@ py::bytes pack_entries(const py::list& batches) {
       for (const StateTensor& t : part->tensors) {
         t.content->resolve();
         out.raw(t.label);
-        out.map(2 + t.content->field_count(0, /*with_sketch=*/false));
+        out.map(2 + t.content->field_count(0, part->sketch));
         out.str("d"), out.str(t.dtype->name);
         out.str("s"), out.array(t.sizes.size());
         for (int64_t s : t.sizes) out.integer(s);
-        t.content->pack(out, 0, /*with_sketch=*/false);
+        t.content->pack(out, 0, part->sketch);
       }
     }
   }
@@ -83,9 +85,10 @@ void bind_state_record(py::module_& m) {
       py::arg("kind"), py::arg("name_id"), py::arg("slot"),
       "The packed start [kind, name id, slot, … of a step-level state entry.");
   m.def("fingerprint_all", &fingerprint_all, py::arg("probe"), py::arg("tensors"),
-        py::arg("labels"), py::arg("head_elements"),
+        py::arg("labels"), py::arg("head_elements"), py::arg("sketch") = false,
         "Fingerprints a list of tensors at once (GPU ones launched by one flush), each with "
-        "its state_label: a StateBatch for pack_entries.");
+        "its state_label: a StateBatch for pack_entries (sketch: their entries keep their "
+        "sketch).");
   m.def("pack_entries", &pack_entries, py::arg("batches"),
         "The batches' state entries in order, packed as one msgpack array, waiting for their "
         "GPU fingerprints without the GIL.");

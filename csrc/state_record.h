@@ -29,9 +29,12 @@ struct StateTensor {
   ContentPtr content;
 };
 
-// Tensors fingerprinted by one fingerprint_all call.
+// Tensors fingerprinted by one fingerprint_all call; `sketch`: their entries keep their sketch
+// ("w": the loss, gradients, parameters and buffers, whose distances the tolerant step-level
+// diff judges), else leave it out (optimizer states: a step's record stays small).
 struct StateBatch {
   std::vector<StateTensor> tensors;
+  bool sketch = false;
 };
 
 // The packed start of a state entry: a 4-element array's header, kind, name id and slot (the
@@ -40,9 +43,10 @@ std::string state_label(const std::string& kind, int64_t name_id, const std::str
 
 // Fingerprints `tensors` (plain tensors; anything unreadable gets the unreadable flag) with
 // `labels[i]` (state_label bytes) for tensors[i]: CPU ones now, GPU ones queued on each
-// device's current stream and launched by one flush.
+// device's current stream and launched by one flush; `sketch`: their entries keep their sketch.
 std::shared_ptr<StateBatch> fingerprint_all(TensorProbe& probe, const pybind11::list& tensors,
-                                            const pybind11::list& labels, int64_t head_elements);
+                                            const pybind11::list& labels, int64_t head_elements,
+                                            bool sketch);
 
 // The state entries of every batch, in order, as one packed msgpack array (a step record's
 // entries, opguard/store/states.py), waiting for GPU fingerprints without the GIL.

@@ -73,7 +73,11 @@ class StateBatch:
 
 def state_label(kind: str, name_id: int, slot: str) -> bytes: ...
 def fingerprint_all(
-    probe: TensorProbe, tensors: list[Any], labels: list[bytes], head_elements: int
+    probe: TensorProbe,
+    tensors: list[Any],
+    labels: list[bytes],
+    head_elements: int,
+    sketch: bool = False,
 ) -> StateBatch: ...
 def pack_entries(batches: list[StateBatch]) -> bytes: ...
 

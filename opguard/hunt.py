@@ -6,6 +6,14 @@ run, and the step-level diff names the first step K (and rank) whose training st
 The second records both runs again, op by op in step K only (``--window K:K+1 --steps K+1``),
 and the op-level diff of those windows names the op and its line.
 
+Under ``--tolerant`` (runs expected to differ by rounding: another torch build, another GPU)
+the first pass names the first step whose state goes beyond the rounding envelope
+(:mod:`opguard.analysis.tolerant.envelope`; ``--noise CONTROL``: measured by a control run of
+run A's script), and the second pass's diff is the op-level tolerant diff of that step, the
+state entering it taken as the step-level records judged it. Where that diff finds every op
+within rounding of its inputs, the step's growth was the training's amplification, not a
+change, and the hunt says so (its verdict then ``within-rounding``).
+
 The second pass must show the difference the first found, at the same step and rank. When it
 does not (the state at K is equal this time, or the first difference moved), the cause is
 nondeterministic (a race, a nondeterministic kernel, a hardware fault), and what catches it is
@@ -32,6 +40,7 @@ from typing import Any
 from .analysis import RunDiff
 from .analysis.contract import to_json
 from .analysis.state_diff import StepDivergence, window_switches
+from .analysis.tolerant.rule import Tolerance
 from .children import refusal
 from .distributed.driver import compare_runs
 
@@ -94,13 +103,15 @@ class Recording:
 
 @dataclass(frozen=True)
 class Hunter:
-    """What to record: both runs' targets, where, and under which interpreter."""
+    """What to record: both runs' targets, where, and under which interpreter; and how to
+    compare each pass's recordings."""
 
     directory: Path
     targets: dict[str, list[str]]  # "a"/"b": opguard record's target words
     python: str | None = None
     overwrite: bool = False
     progress: Progress | None = None
+    tolerance: Tolerance | None = None  # --tolerant: the envelope, then the op-level rule
     ray: str | None = None  # the diffs on that Ray cluster (opguard.distributed)
 
     def record(
@@ -128,8 +139,11 @@ class Hunter:
         return rec
 
     def diff(self, a: Recording, b: Recording) -> RunDiff:
-        """Both runs' recordings of one pass compared (on the Ray cluster, with ``ray``)."""
-        return compare_runs(str(a.path), str(b.path), ray=self.ray, report=self.progress)
+        """Both runs' recordings of one pass compared (under the tolerance, on the Ray
+        cluster, with ``ray``)."""
+        return compare_runs(
+            str(a.path), str(b.path), ray=self.ray, tolerance=self.tolerance, report=self.progress
+        )
 
 
 def _failure(rec: Recording, how: str, code: int) -> str:
@@ -160,6 +174,14 @@ class Hunt:
     step_level: RunDiff
     recordings: list[Recording]  # both runs' first pass, then their second when there was one
     op_level: RunDiff | None = None
+    tolerance: Tolerance | None = None  # --tolerant: the envelope, then the op-level rule
+
+    @property
+    def within_rounding(self) -> bool:
+        """Under --tolerant: the step went beyond the envelope and, recorded again, every op of
+        it is within rounding of its inputs (the training amplified the difference there)."""
+        op_level = self.op_level
+        return bool(self.reproduced) and op_level is not None and not op_level.diverged
 
     @property
     def found(self) -> StepDivergence | None:
@@ -181,6 +203,8 @@ class Hunt:
 
     @property
     def verdict(self) -> str:
+        if self.tolerance is not None and self.within_rounding:
+            return "within-rounding"
         return self.step_level.verdict
 
     @property
@@ -190,14 +214,26 @@ class Hunt:
         if found is None:
             counts = {r.states.compared for r in self.step_level.ranks if r.states is not None}
             compared = f" ({max(counts)} steps compared)" if counts else ""
+            if self.step_level.verdict == "within-rounding":
+                return (
+                    f"within rounding: the step-level records of both runs stay within the "
+                    f"rounding envelope{compared}; nothing to record op by op"
+                )
             return (
                 f"identical: the step-level records of both runs agree{compared}; "
                 "nothing to record op by op"
             )
+        parting = "go beyond the rounding envelope" if found.beyond else "differ"
         head = (
-            f"step {found.step} (rank {found.rank}): the step-level records first differ at "
+            f"step {found.step} (rank {found.rank}): the step-level records first {parting} at "
             f"{_entry(found)}"
         )
+        if self.within_rounding:
+            return (
+                f"{head}; recorded its ops in both runs, every op of step {found.step} is within "
+                "rounding of its inputs: the training amplified the difference there faster "
+                "than the envelope allows (a control run, --noise, measures how fast), no change"
+            )
         if self.reproduced:
             return f"{head}; recorded its ops in both runs:"
         again = self.again
@@ -223,8 +259,8 @@ class Hunt:
 
     @property
     def exit_code(self) -> int:
-        """As ``opguard diff``'s: 0 identical, 1 diverged."""
-        return 1 if self.step_level.diverged else 0
+        """As ``opguard diff``'s: 0 identical (or within rounding), 1 diverged."""
+        return 1 if self.verdict == "diverged" else 0
 
     def to_json(self, *, brief: bool = False) -> dict[str, Any]:
         """The ``opguard.hunt/1`` object; ``brief``: of each diff's ``opguard.diff/1`` object
@@ -247,6 +283,7 @@ class Hunt:
             "logs": {key: str(rec.log) if rec else None for key, rec in recorded.items()},
             "step_level": _diff_json(self.step_level, brief),
             "op_level": _diff_json(self.op_level, brief) if self.op_level is not None else None,
+            "tolerance": self.tolerance.to_json() if self.tolerance is not None else None,
         }
 
 
@@ -263,10 +300,12 @@ def hunt(
     python: str | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
+    tolerance: Tolerance | None = None,
     ray: str | None = None,
 ) -> Hunt:
-    """Both passes: both runs at step level, then, if they differ, both again op by op in the
-    first differing step; ``ray``: each pass's diff on that Ray cluster. Raises :class:`HuntError` (one line) for bad input and failed
+    """Both passes: both runs at step level, then, if they differ (beyond the rounding envelope
+    under a ``tolerance``), both again op by op in the first such step; ``ray``: each pass's
+    diff on that Ray cluster. Raises :class:`HuntError` (one line) for bad input and failed
     recordings, and the store's ``TraceError`` for traces the diff cannot read."""
     targets = {"a": target_words(target_a, "--a"), "b": target_words(target_b, "--b")}
     if not overwrite:  # before the first recording, not after it
@@ -278,9 +317,11 @@ def hunt(
                         f"{path} exists (an earlier hunt?): pass --overwrite to replace it"
                     )
     directory.mkdir(parents=True, exist_ok=True)
-    hunter = Hunter(directory, targets, python, overwrite, progress, ray)
+    hunter = Hunter(directory, targets, python, overwrite, progress, tolerance, ray)
+    if tolerance is not None and tolerance.noise is not None and not Path(tolerance.noise).is_dir():
+        raise HuntError(f"--noise {tolerance.noise}: no such run directory")
     steps = [hunter.record(run, STEP_PASS, ["--steps-only"]) for run in targets]
-    result = Hunt(directory, hunter.diff(*steps), steps)
+    result = Hunt(directory, hunter.diff(*steps), steps, tolerance=tolerance)
     found = result.found
     if found is None:
         return result

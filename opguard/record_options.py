@@ -176,7 +176,6 @@ class RecordOptions:
             metavar="SEED",
             minimum=0,
             mode=True,
-            op_level=True,
             help="a control run for opguard diff --tolerant --noise: CHANGES THIS RUN'S NUMBERS "
             "BY DESIGN, moving the results of the ops another implementation rounds "
             "otherwise (maths functions, sums, matmuls, normalizations) by one unit in the "

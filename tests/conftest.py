@@ -1,4 +1,11 @@
-"""Shared fixtures: recording scripts through the real CLI in a subprocess."""
+"""Shared fixtures: recording scripts through the real CLI in a subprocess.
+
+The tests run in parallel, in pytest-xdist workers (pyproject.toml's addopts): a test writes
+only under its tmp_path, listens on port 0, names anything machine-wide after its process id,
+and a recording several modules read is made once per run with ``run_once.made_once`` (a
+session-scoped fixture runs once per worker). The rules in full: docs/INSTALL.md, "Running the
+tests".
+"""
 
 from __future__ import annotations
 
@@ -15,8 +22,18 @@ from pathlib import Path
 
 import pytest
 from browser import browser_page, chromium  # noqa: F401  (fixtures of every module)
+from run_once import made_once
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules that hold a test marked ``slow`` first. pytest-xdist hands whole modules to its
+    workers in this order (pyproject.toml's addopts): the long ones start at once and the short
+    ones fill in behind them, so the workers end together rather than one waiting on the
+    other's last long module."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: each module's order kept
 
 
 def line_of(script: Path, tag: str) -> int:
@@ -90,16 +107,15 @@ def record(tmp_path: Path) -> Callable[..., Path]:
     return record_script
 
 
-@pytest.fixture(scope="session")
-def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The bundled demo pair (``opguard demo``), recorded once per session, both at once."""
-    root = tmp_path_factory.mktemp("demo")
-    demo = REPO / "opguard" / "demo"
-    runs = (root / "baseline", root / "refactored")
+DEMO_RUNS = ("baseline", "refactored")
+
+
+def _record_demo(root: Path) -> None:
+    """Records the demo pair into ``root``, both at once."""
     recordings = []
-    for run in runs:
-        script = demo / f"train_{run.name}.py"
-        command = [sys.executable, "-m", "opguard", "record", "-o", str(run), "--", str(script)]
+    for name in DEMO_RUNS:
+        script = REPO / "opguard" / "demo" / f"train_{name}.py"
+        command = opguard_cmd("record", "-o", str(root / name), "--", str(script))
         recordings.append(
             subprocess.Popen(  # cwd=root: never the repository root, see run_cli
                 command, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
@@ -108,13 +124,24 @@ def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     for recording in recordings:
         _, err = recording.communicate(timeout=300)
         assert recording.returncode == 0, err
-    return runs
+
+
+@pytest.fixture(scope="session")
+def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The bundled demo pair (``opguard demo``), recorded once per test run (run_once.py)."""
+    root = made_once(tmp_path_factory, "demo", _record_demo)
+    baseline, refactored = (root / name for name in DEMO_RUNS)
+    return baseline, refactored
+
+
+TP_RUNS = ["tp1", "tp2", "tp2_bug"]
 
 
 @pytest.fixture(scope="session")
 def tp_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """``tests/data/tolerant/tp_mlp.py`` as TP=1, TP=2 (gloo, DTensor) and TP=2 with its
-    sharding bug, recorded once per session for every test of layouts (all at once)."""
+    sharding bug, recorded once per test run for every test of layouts (all at once)."""
     from tolerant_runs import record_runs
 
-    return record_runs(tmp_path_factory.mktemp("tp"), ["tp1", "tp2", "tp2_bug"])
+    root = made_once(tmp_path_factory, "tp", lambda root: record_runs(root, TP_RUNS))
+    return {name: root / name for name in TP_RUNS}

@@ -9,12 +9,14 @@ the evidence bundle compares its size against them.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import pytest
+from run_once import DONE, FAILED, run_dir, run_lock
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 BASE = SCENARIOS / "base.py"
@@ -107,32 +109,41 @@ ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "PYTHONUNBUFFER
 
 class Recordings:
     """Run directories of the scenario scripts, each recorded once on first use; the runs a
-    caller asks for together are recorded in parallel."""
+    caller asks for together are recorded in parallel. The test workers of a pytest run share
+    one set (:func:`session_recordings`): what one worker recorded, or failed to record, is
+    read from ``root`` by the others (``NAME.done`` or ``NAME.failed`` beside each run)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._done: dict[str, Path] = {}
-        self._failed: dict[str, str] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the threads of one process; run_lock: the workers
 
     def __call__(self, *names: str) -> list[Path]:
-        with self._lock:
-            wanted = [
-                n for n in dict.fromkeys(names) if n not in self._done and n not in self._failed
-            ]
+        with self._lock, run_lock(self.root):
+            wanted = [n for n in dict.fromkeys(names) if self._outcome(n) is None]
+            for name in wanted:  # left half made by a worker that died
+                shutil.rmtree(self.root / name, ignore_errors=True)
             running = [(name, self._start(name)) for name in wanted]
             for name, proc in running:
                 out, err = proc.communicate(timeout=300)
                 (self.root / f"{name}.stdout").write_text(out)
                 (self.root / f"{name}.stderr").write_text(err)
                 if proc.returncode == 0:
-                    self._done[name] = self.root / name
+                    (self.root / f"{name}{DONE}").touch()
                 else:
-                    self._failed[name] = f"exit {proc.returncode}\n{out}\n{err}"
+                    failure = f"exit {proc.returncode}\n{out}\n{err}"
+                    (self.root / f"{name}{FAILED}").write_text(failure)
         for name in names:
-            if name in self._failed:
-                pytest.fail(f"recording {name} failed: {self._failed[name]}")
-        return [self._done[n] for n in names]
+            failure = self._outcome(name)
+            if failure:
+                pytest.fail(f"recording {name} failed: {failure}")
+        return [self.root / n for n in names]
+
+    def _outcome(self, name: str) -> str | None:
+        """'' if ``name`` is recorded, why recording it failed, or None if not recorded yet."""
+        if (self.root / f"{name}{DONE}").exists():
+            return ""
+        failed = self.root / f"{name}{FAILED}"
+        return failed.read_text() if failed.exists() else None
 
     def _start(self, name: str) -> subprocess.Popen[str]:
         """``opguard record -o ROOT/NAME [OPTIONS] -- SCRIPT [ARGS]``, as a user runs it."""
@@ -160,8 +171,10 @@ _SESSION: Recordings | None = None
 
 
 def session_recordings(factory: pytest.TempPathFactory) -> Recordings:
-    """The recordings of this pytest session: one set, whichever test module asks first."""
+    """The recordings of this pytest run: one set, whichever test module or worker asks first."""
     global _SESSION
     if _SESSION is None:
-        _SESSION = Recordings(factory.mktemp("scenarios"))
+        root = run_dir(factory) / "scenarios"
+        root.mkdir(exist_ok=True)
+        _SESSION = Recordings(root)
     return _SESSION

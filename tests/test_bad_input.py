@@ -685,6 +685,31 @@ def test_a_damaged_step_record_is_no_verdict_of_equality(longer: Path, tmp_path:
     assert "damaged step record: step 5" in diffed["unread"][0]["why"]
 
 
+def test_a_damaged_page_of_step_records_reads_the_steps_before_it(
+    longer: Path, tmp_path: Path
+) -> None:
+    """A page of step-level records damaged (the header of the page holding step 8's record):
+    the rank is not refused; the steps before the damage are compared (incomplete, exit 3),
+    and where reading stopped is said, in the diff and by ``show``."""
+    damaged = _copy(longer, tmp_path)
+    value = _live_offset(damaged / "rank-0", b"steps", schema.op_key(8))
+    with open(_data(damaged), "r+b") as f:
+        f.seek(value - value % PAGE)
+        f.write(b"\xff" * 16)
+    result = run_cli("diff", str(longer), str(damaged), "--json")
+    assert result.returncode == 3 and not result.stderr, (result.returncode, result.stderr)
+    diffed = json.loads(result.stdout)
+    assert diffed["verdict"] == "incomplete"
+    ((unread),) = diffed["unread"]
+    assert "reading stopped at a damaged page of step records" in unread["why"], unread
+    with Run(damaged) as run:
+        steps = run.rank(0).step_numbers()
+    assert steps == list(range(len(steps))) and 0 < len(steps) <= 8
+    assert f"up to step {steps[-1]}" in unread["why"]
+    shown = run_cli("show", str(damaged), "--json")
+    assert shown.returncode == 0, shown.stderr
+
+
 # -- decoding stored records (hypothesis) --------------------------------------------------------
 
 SCALARS = (

@@ -41,6 +41,8 @@ from opguard.recorder.compiled import (
 from opguard.store import OpRecord, Run
 from opguard.tui.detail import Selection, render
 
+pytestmark = pytest.mark.slow  # long in all: started first (conftest.py)
+
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Recordings:

@@ -36,6 +36,8 @@ from opguard.analysis.contract import to_json
 from opguard.store import Run
 from opguard.tui.session import Session
 
+pytestmark = pytest.mark.slow  # long in all: started first (conftest.py)
+
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "crash_train.py"
 STEPS = 60
 SLEEP = "0.02"  # per step: a run lasts a few seconds, so kills land at every stage of it

@@ -15,9 +15,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conftest import line_of  # noqa: E402
+from tolerant_runs import GPU_PAIRS, record_runs  # noqa: E402
 
 from opguard import _C  # noqa: E402
+from opguard.analysis import diff_runs  # noqa: E402
+from opguard.analysis.contract import to_json  # noqa: E402
+from opguard.analysis.tolerant.rule import Tolerance  # noqa: E402
 from opguard.recorder.tensors import PendingFields, fingerprint_fields  # noqa: E402
+from opguard.store import Run  # noqa: E402
 from opguard.store.sketch import decode as decode_sketch  # noqa: E402
 
 pytestmark = [
@@ -615,3 +620,25 @@ def test_hunt_finds_a_late_gpt2_difference_and_its_op(tmp_path: Path) -> None:
     first = answer["op_level"]["first_divergence"]
     assert first["step"] == 150 and first["a"]["op"] == "aten::mul.Tensor"
     assert first["a"]["call_site"]["line"] == line_of(script, "scale")
+
+
+@pytest.fixture(scope="module")
+def held_out_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The runs of issue 38's held-out GPU pairs (tests/tolerant_runs.py), recorded once."""
+    pytest.importorskip("transformers")
+    root = tmp_path_factory.mktemp("held_out")
+    held_out = [pair for pair in GPU_PAIRS.values() if pair.held_out]
+    record_runs(root, sorted({run for pair in held_out for run in (pair.a, pair.b)}), timeout=900)
+    return root
+
+
+@pytest.mark.parametrize("name", [name for name, pair in GPU_PAIRS.items() if pair.held_out])
+def test_held_out_gpu_pairs_get_the_right_tolerant_answer(held_out_runs: Path, name: str) -> None:
+    """The half of the GPU calibration pairs no bound was fitted on: rounding alone (fused
+    AdamW, flash attention, TF32 against bf16 autocast) is within rounding, and a real change
+    behind it (an lr, an RMSNorm eps, a loss scale at step 1) is named at its op and step."""
+    pair = GPU_PAIRS[name]
+    with Run(held_out_runs / pair.a) as run_a, Run(held_out_runs / pair.b) as run_b:
+        out = to_json(diff_runs(run_a, run_b, tolerance=Tolerance()))
+    right, said = pair.check(out)
+    assert right, said

@@ -30,10 +30,13 @@ DATA_LINE = next(
 )
 ENV = {"OMP_NUM_THREADS": "1"}
 
-pytestmark = pytest.mark.skipif(
-    not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
-    reason="torch.distributed with the gloo backend is not available in this build",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+        reason="torch.distributed with the gloo backend is not available in this build",
+    ),
+    pytest.mark.slow,  # long in all: started first (conftest.py)
+]
 
 
 def _free_port() -> int:

@@ -31,6 +31,8 @@ from opguard.cli import build_parser
 from opguard.cli.commands.capture import target_of
 from opguard.store import Run
 
+pytestmark = pytest.mark.slow  # long in all: started first (conftest.py)
+
 # Three optimizer steps, then one op after the last (the printed loss). With "nan", run B also
 # takes the log of a negative number after the last step.
 TRAIN = """

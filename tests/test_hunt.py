@@ -32,6 +32,8 @@ from test_imports import cli_without
 from opguard.hunt import HuntError, target_words
 from opguard.store import Run
 
+pytestmark = pytest.mark.slow  # long in all: started first (conftest.py)
+
 LONG_RUNS = Path(__file__).resolve().parent / "long_runs"
 SCRIPT = LONG_RUNS / "train.py"
 DDP = LONG_RUNS / "ddp_train.py"

@@ -23,10 +23,13 @@ from opguard.analysis.align.layouts import (
 )
 from opguard.store import Run
 
-pytestmark = pytest.mark.skipif(
-    not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
-    reason="torch.distributed with the gloo backend is not available in this build",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+        reason="torch.distributed with the gloo backend is not available in this build",
+    ),
+    pytest.mark.slow,  # long in all: started first (conftest.py)
+]
 
 STEPS = (0, 1, 2)
 

@@ -32,6 +32,8 @@ from opguard.recorder.tensors import fingerprint_fields
 from opguard.store import Run, schema
 from opguard.store.states import StateEntry, decode_step, expand_step
 
+pytestmark = pytest.mark.slow  # long in all: started first (conftest.py)
+
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 SCRIPT = SCRIPTS / "steps_train.py"
 CRASH = SCRIPTS / "crash_train.py"
@@ -407,7 +409,7 @@ def test_a_failing_step_level_recorder_stops_and_the_training_goes_on(
 
     calls = []
 
-    def failing(tensors: list[torch.Tensor], labels: list[bytes]) -> Any:
+    def failing(tensors: list[torch.Tensor], labels: list[bytes], *, sketch: bool) -> Any:
         calls.append(len(tensors))
         raise RuntimeError("injected")
 

@@ -1,9 +1,9 @@
 """``opguard diff --ray``: two runs whose ranks sit on several nodes' disks, compared on a
 local Ray cluster (tests/ray_cluster.py: a head and two worker nodes, each with its own
 directory standing for its local disk), must give the answer the process pool gives on the
-same traces, and say what it could not compare: a rank whose trace is damaged or missing on
-its node, the ranks of a node gone. A worker killed mid-comparison is run again by Ray, with
-the same answer.
+same traces (under ``--tolerant`` too), and say what it could not compare: a rank whose trace
+is damaged or missing on its node, the ranks of a node gone. A worker killed mid-comparison
+is run again by Ray, with the same answer.
 
 Runs: 12 ranks of step-level records (tests/traces.py), rank 11 diverging at a late step;
 ``meta.json`` only on the node holding rank 0, as a job of several nodes leaves it.
@@ -26,6 +26,7 @@ from traces import TraceBuilder
 from opguard.store import schema
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'opguard[ray]'")
+pytestmark = pytest.mark.slow  # long in all (a cluster of three nodes): started first (conftest.py)
 
 from ray_cluster import LocalCluster  # noqa: E402 (after the skip: it imports nothing of Ray)
 
@@ -63,9 +64,12 @@ def _write(path: Path, side: str, rank: int, *, ops: bool = False) -> None:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    os.environ.setdefault("PYTHONHASHSEED", "0")
-    with LocalCluster(workers=2) as started:
-        yield started
+    """The nodes' workers hash as the process pool's do (``_diff``: PYTHONHASHSEED=0); this
+    process's environment is given back as it was (tests run side by side in one worker)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("PYTHONHASHSEED", "0")
+        with LocalCluster(workers=2) as started:
+            yield started
 
 
 def _runs(root: Path, cluster: LocalCluster, *, ops: bool = False) -> tuple[Path, Path]:
@@ -131,6 +135,24 @@ def test_the_answer_on_ray_is_the_process_pools(
     assert there["first_divergence"]["step"] == AT
     assert _without_paths(there) == _without_paths(here)
     assert f"compared {RANKS} rank(s) on 3 of 3 Ray node(s)" in err, err
+
+
+def test_tolerant_on_ray_is_the_process_pools(
+    cluster: LocalCluster, steps_only: tuple[Path, Path]
+) -> None:
+    """--tolerant on the cluster: each rank's step-level records judged against the rounding
+    envelope on its node (one pass), reduced to the answer the process pool gives."""
+    a, b = steps_only
+    here, code, err = _diff(str(a), str(b), "--tolerant")
+    there, ray_code, ray_err = _diff(str(a), str(b), "--tolerant", f"--ray={cluster.address}")
+    assert here and there, (err[-3000:], ray_err[-3000:])
+    assert (code, ray_code) == (1, 1), ray_err[-3000:]  # no sketch: the bitwise answer
+    assert (there["first_divergence"]["rank"], there["first_divergence"]["step"]) == (
+        DIVERGING,
+        AT,
+    )
+    assert there["tolerance"] is not None
+    assert _without_paths(there) == _without_paths(here)
 
 
 def test_op_records_are_compared_only_where_the_divergence_reached(

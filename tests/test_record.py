@@ -45,6 +45,8 @@ from opguard.store import schema as store_schema
 from opguard.store.meta import write_meta
 from opguard.store.writer import TraceWriter
 
+pytestmark = pytest.mark.slow  # long in all: started first (conftest.py)
+
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TINY = SCRIPTS / "record_tiny_transformer.py"
 GPT2 = SCRIPTS / "record_gpt2_tiny.py"

@@ -24,6 +24,7 @@ from scenario_runs import (
     ACCUMULATE,
     BASE,
     GPT2_BASE,
+    PAIRS,
     PENALTY,
     SCENARIOS,
     Recordings,
@@ -407,6 +408,27 @@ def test_a_sum_in_another_order_is_not_a_divergence(runs: Recordings) -> None:
     assert f"{PENALTY.name}:{line_of(PENALTY, 'penalty')} (<genexpr>)" in note
     code, result = diff(a, b, "--tolerant")
     assert (code, result["verdict"]) == (0, "within-rounding"), result["first_divergence"]
+
+
+@pytest.mark.parametrize(("a", "b"), [pair for pair in PAIRS if pair != ("base", "rerun")])
+def test_tolerant_names_every_real_change_that_bitwise_names(
+    runs: Recordings, a: str, b: str
+) -> None:
+    """Every scenario pair compared bit for bit and with ``--tolerant``: where the bitwise
+    diff names a change (none of these pairs differs by rounding), the tolerant diff names the
+    same ops for the same kind of reason; where it finds none, neither does the tolerant one."""
+    run_a, run_b = runs(a, b)
+    _, bitwise = diff(run_a, run_b)
+    _, tolerant = diff(run_a, run_b, "--tolerant")
+    first = bitwise["first_divergence"]
+    if first is None:
+        assert tolerant["verdict"] in ("identical", "within-rounding"), tolerant
+        return
+    named = tolerant["first_divergence"]
+    assert tolerant["verdict"] == "diverged" and named is not None, tolerant["ranks"]
+    assert (named["kind"], named["step"]) == (first["kind"], first["step"]), named["summary"]
+    for side in ("a", "b"):
+        assert (named[side] or {}).get("index") == (first[side] or {}).get("index"), side
 
 
 # -- narrowing, exit codes, the human report, runs of different lengths ------------------------------

@@ -125,10 +125,11 @@ def test_recorded_op_entries_carry_the_reference_sketch(tmp_path: Path) -> None:
 
 
 def test_training_entries_carry_sketches_of_floats_with_a_finite_value(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 8)
+
     def train() -> None:
-        torch.manual_seed(0)
-        model = torch.nn.Linear(16, 8)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         for _ in range(2):
             opt.zero_grad()
             model(torch.randn(4, 16)).square().mean().backward()
@@ -149,9 +150,15 @@ def test_training_entries_carry_sketches_of_floats_with_a_finite_value(tmp_path:
     masked = next(op for op in ops if op.op == "aten::masked_fill.Scalar").outputs[0]
     assert masked.stats is not None and masked.stats[5] == 3
     assert masked.sketch is not None and masked.sketch.norm == np.float32(math.sqrt(6))
-    states = list(trace.step_states())  # step-level records stay small: no sketches
-    assert states and all(e.tensor.sketch_bytes is None for s in states for e in s.entries)
+    # Step-level records keep the sketches of what the tolerant step-level diff judges (the
+    # loss, gradients, parameters), not of optimizer states nor RNG states (bytes).
+    states = list(trace.step_states())
+    sketched = {e.kind for s in states for e in s.entries if e.tensor.sketch_bytes is not None}
+    assert sketched == {"loss", "grad", "param"}
+    assert {e.kind for s in states for e in s.entries} == {*sketched, "state", "rng"}
     assert all(e.tensor.hash is not None for s in states for e in s.entries)
+    weight = next(e for e in states[-1].entries if e.label == "param weight")
+    assert_matches_reference(weight.tensor.sketch_bytes, model.weight.detach())
 
 
 def test_the_native_scanners_read_records_with_sketches(tmp_path: Path) -> None:

@@ -209,6 +209,7 @@ def test_a_window_whose_state_already_differed(tmp_path: Path) -> None:
         "entry": "grad fc1.weight",
         "window_start": 7,
         "differed_before_window": True,
+        "envelope": None,  # bit for bit
     }
     assert any(
         "already differed when the op-level records began (step 7): first at step 4" in note

@@ -90,12 +90,15 @@ def chain_pair(
     *,
     leaf_b: Callable[[np.ndarray], np.ndarray] | None = None,
     sketched: bool = True,
+    unsketched: Sequence[int] = (),
     repeat: int = 1,
     environments: tuple[dict[str, Any], dict[str, Any]] = ({}, {}),
 ) -> tuple[Path, Path]:
     """Two runs of ``steps`` on one leaf of N floats, ``repeat`` times (a training step each):
     run B rounds every op's output differently (one ULP) and reads the leaf through
-    ``leaf_b``; ``environments``: what each run's meta.json records of its environment."""
+    ``leaf_b``; ``environments``: what each run's meta.json records of its environment.
+    ``unsketched``: the ops (by position in ``steps``) whose output has no sketch, as written
+    and as read (a tensor with no finite value)."""
     rng = np.random.default_rng(7)
     leaf = rng.standard_normal(N).astype(np.float32)
     inputs = {"a": leaf, "b": leaf if leaf_b is None else leaf_b(leaf).astype(np.float32)}
@@ -106,7 +109,9 @@ def chain_pair(
     }
     for step in range(repeat):
         producer: int | None = None
-        for op in steps:
+        for position, op in enumerate(steps):
+            sketch_in = sketched and position - 1 not in unsketched
+            sketch_out = sketched and position not in unsketched
             exact = {side: op.compute(inputs[side].astype(np.float64)) for side in "ab"}
             out_a = exact["a"].astype(np.float32)
             clean_b = rounded(exact["b"], rng)
@@ -116,8 +121,8 @@ def chain_pair(
                 args = op.args if side == "a" or op.args_b is None else op.args_b
                 builders[side].op(
                     op.name,
-                    [entry("self", inputs[side], producer, sketched=sketched)],
-                    [entry("0", out, sketched=sketched)],
+                    [entry("self", inputs[side], producer, sketched=sketch_in)],
+                    [entry("0", out, sketched=sketch_out)],
                     step=step,
                     **({"a": args} if args else {}),
                 )
@@ -394,15 +399,68 @@ def test_a_fixed_bound_judges_every_distance_against_it(tmp_path: Path) -> None:
     assert out["tolerance"]["mode"] == "fixed"
 
 
-def test_without_sketches_the_distance_is_unknown_and_the_bitwise_answer_given(
+def test_without_sketches_nothing_is_named_and_what_was_not_judged_is_listed(
     tmp_path: Path,
 ) -> None:
+    """Unknown is never a verdict: with no distance anywhere, no op is named DIVERGED; each
+    output is judged by what reads it, which is unmeasured too, so the verdict is incomplete
+    (never one of equality), and the report lists what was not judged and why."""
     result, out = diff(chain_pair(tmp_path, mlp_steps(), sketched=False))
-    first = out["first_divergence"]
-    assert result.verdict == "diverged"
-    assert first["distance"]["reason"] == "unknown"
-    assert "distance unknown" in first["summary"] and "no sketch" in first["summary"]
-    assert first["a"]["index"] == 0  # where bit for bit the runs first differ
+    assert (result.verdict, result.exit_status) == ("incomplete", 3)
+    assert out["first_divergence"] is None
+    rounding = out["ranks"][0]["rounding"]
+    assert rounding["not_judged"] == rounding["judged_by_nothing"] == len(mlp_steps())
+    first = rounding["not_judged_examples"][0]
+    assert (first["a"]["index"], first["role"], first["judged_by"]) == (0, "output", None)
+    assert "no sketch in run A and B" in first["why"]
+    assert "judged by nothing" in out["scope"]
+
+
+def test_an_unmeasured_output_is_judged_by_what_reads_it(tmp_path: Path) -> None:
+    """An output with no distance (no sketch in either run) takes what its op's bound allows
+    from its inputs; the op reading it is judged with it taken so: within rounding, the
+    unmeasured tensor listed with the op that judged it."""
+    result, out = diff(chain_pair(tmp_path, mlp_steps(), unsketched=[1]))
+    assert result.verdict == "within-rounding", out["first_divergence"]
+    rounding = out["ranks"][0]["rounding"]
+    assert (rounding["not_judged"], rounding["judged_by_nothing"]) == (1, 0)
+    (note,) = rounding["not_judged_examples"]
+    assert (note["a"]["op"], note["role"]) == ("aten::gelu.default", "output")
+    assert note["judged_by"]["a"]["op"] == "aten::native_layer_norm.default"
+    assert 0 < note["allowed"] < 1e-5
+
+
+def test_a_real_change_behind_an_unmeasured_output_is_named_where_it_is_read(
+    tmp_path: Path,
+) -> None:
+    """The op that reads an unmeasured output judges it: a difference 1e4 times rounding made
+    there is beyond what rounding allows the pair of ops, and named (not passed on as if
+    measured), at the first op whose outputs show it."""
+    out = diff(chain_pair(tmp_path, mlp_steps(op1={"amplify_b": 1e4}), unsketched=[1]))[1]
+    assert out["verdict"] == "diverged"
+    assert out["first_divergence"]["a"]["op"] == "aten::native_layer_norm.default"
+
+
+def test_an_unmeasured_difference_that_reaches_nothing_is_absorbed(tmp_path: Path) -> None:
+    """An output with no distance whose difference no reader sees (the reader's outputs are
+    equal: garbage a kernel never uses) is absorbed, as bit for bit: not judged by nothing,
+    so not an incomplete verdict."""
+    x = np.random.default_rng(3).standard_normal(N).astype(np.float32)
+    zeros = np.zeros(N, dtype=np.float32)
+    for side, scale in (("a", 1.0), ("b", 1.5)):
+        with TraceBuilder(tmp_path / side) as run:
+            run.op("aten::exp.default", [entry("self", x)], [entry("0", x * scale, sketched=False)])
+            run.op(
+                "aten::mul.Tensor",
+                [entry("self", x * scale, 0, sketched=False)],
+                [entry("0", zeros)],
+            )
+    result, out = diff((tmp_path / "a", tmp_path / "b"))
+    assert result.verdict == "within-rounding", out["scope"]
+    rounding = out["ranks"][0]["rounding"]
+    assert (rounding["not_judged"], rounding["judged_by_nothing"]) == (1, 0)
+    assert rounding["not_judged_examples"][0]["reached_nothing"] is True
+    assert out["ranks"][0]["absorbed_count"] == 1
 
 
 def test_identical_runs_are_identical_under_tolerant(tmp_path: Path) -> None:
@@ -504,16 +562,19 @@ def test_the_evidence_carries_the_distances_and_the_reading(tmp_path: Path) -> N
     assert reading.startswith("\n- not rounding") and "equal inputs" not in reading
 
 
-def test_recorded_runs_without_sketches_get_the_bitwise_answer_and_say_why() -> None:
-    """The cross-version fixture was recorded before sketches: under --tolerant its first
-    difference is the bitwise diff's, with the statement that its distance is unknown."""
+def test_recorded_runs_without_sketches_are_judged_by_nothing_and_say_why() -> None:
+    """The cross-version fixture was recorded before sketches: under --tolerant no op is named
+    (bit for bit its first difference is), and the verdict is incomplete, saying why."""
     fixture = Path(__file__).parent / "data" / "cross_version"
     paths = (fixture / "torch-2.11", fixture / "torch-2.13")
     bitwise, tolerant = diff(paths, None)[1], diff(paths)[1]
-    first = tolerant["first_divergence"]
-    assert first["distance"]["reason"] == "unknown" and "no sketch" in first["summary"]
+    assert bitwise["verdict"] == "diverged"
+    assert (tolerant["verdict"], tolerant["first_divergence"]) == ("incomplete", None)
+    rounding = tolerant["ranks"][0]["rounding"]
+    assert 0 < rounding["judged_by_nothing"] <= rounding["not_judged"]
+    first = rounding["not_judged_examples"][0]
     assert first["a"]["index"] == bitwise["first_divergence"]["a"]["index"]
-    assert tolerant["verdict"] == "diverged"
+    assert "no sketch" in first["why"]
 
 
 # -- the terminal debugger ------------------------------------------------------------------

@@ -30,6 +30,8 @@ from opguard.store import schema
 from opguard.tool_registry import page_of
 from opguard.tools import BY_NAME, MAX_CHARS, TOOLS, Pages
 
+pytestmark = pytest.mark.slow  # long in all: started first (conftest.py)
+
 DEMO = REPO / "opguard" / "demo"
 LONG = REPO / "tests" / "long_runs" / "train.py"  # a tiny model's run: seconds
 # Offline and without the user's agent settings: explain gives the evidence and the reading.

@@ -22,6 +22,8 @@ from scenario_runs import ENV, RECORDINGS, SCRIPT_ARGS, Recordings, session_reco
 
 from opguard.store import Run
 
+pytestmark = pytest.mark.slow  # long in all: started first (conftest.py)
+
 ITEM_VALUES = Path(__file__).resolve().parent / "scripts" / "item_values.py"
 # Every scenario script once, to its end (not the reruns, nor the one stopped by --steps).
 SCRIPTS = [name for name, (_, options) in RECORDINGS.items() if not options and "rerun" not in name]

@@ -45,7 +45,7 @@ def test_templates_name_only_fields_their_callers_fill() -> None:
     for cause, words in WORDS.items():
         assert _fields(words.summary) <= summary, cause
         assert _fields(words.reading) <= reading, cause
-        assert _fields(words.state) <= {"step", "what"}, cause
+        assert _fields(words.state) <= {"step", "what", "alike", "beyond"}, cause
 
 
 def test_kinds_and_causes_are_their_words_in_json_and_text() -> None:

@@ -16,6 +16,8 @@ from test_imports import _explain, cli_without
 
 from opguard.store import Run
 
+pytestmark = pytest.mark.slow  # long in all: started first (conftest.py)
+
 
 @pytest.fixture(scope="module")
 def recordings(tmp_path_factory: pytest.TempPathFactory):

@@ -20,7 +20,8 @@ from ..analysis import Divergence, Link, RankDiff, RunDiff, TensorDiff
 from ..analysis.align.steps import describe_runs
 from ..analysis.contract import divergence_json, op_ref, rank_json, state_divergence_json
 from ..analysis.state_diff import StepDivergence
-from ..analysis.tolerant.judgement import Judgement
+from ..analysis.tolerant.envelope import envelope_text
+from ..analysis.tolerant.judgement import Judgement, not_judged_text
 from ..analysis.words.text import op_label, op_line, value_text
 from ..store import OpRecord, RankTrace, Run
 from .describe import (
@@ -132,6 +133,11 @@ def _tolerance_lines(result: RunDiff, judged: Judgement | None) -> list[str]:
     tolerance = result.tolerance
     assert tolerance is not None
     lines = [f"tolerant ({tolerance.mode}): differences within {tolerance.text()} are rounding"]
+    unjudged = not_judged_text([r.tolerance for r in result.ranks if r.tolerance is not None])
+    if unjudged:
+        lines.append(f"not judged: {unjudged}")
+    if any(not r.ops_compared for r in result.ranks):
+        lines.append(f"step-level records: {envelope_text(tolerance)}")
     if judged is not None:
         measured = [
             f"{name} {distance.text()}"
@@ -197,15 +203,19 @@ def _state_lines(div: StepDivergence) -> list[str]:
         f"hint: {div.hint}",
     ]
     shown = []
-    for pair in compared.differing[:TENSORS_SHOWN]:
+    for pair in div.pairs[:TENSORS_SHOWN]:
         shown += [
             f"{pair.label}:",
             f"  A {tensor_text(pair.a.tensor)}",
             f"  B {tensor_text(pair.b.tensor)}",
         ]
     shown.append(f"differing entries of the step: {compared.kinds_text()}")
+    if div.beyond:
+        shown.append(f"beyond the rounding envelope: {len(div.beyond)}, the rest within it")
+    beyond = " beyond rounding" if div.beyond else ""
     lines += _section(
-        f"what differs at the end of step {div.step} (in the order the step computed it)", shown
+        f"what differs{beyond} at the end of step {div.step} (in the order the step computed it)",
+        shown,
     )
     if compared.only_a or compared.only_b:
         lines += _section(f"recorded in one run only, step {div.step}", [compared.only_text()])

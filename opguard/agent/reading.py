@@ -83,19 +83,20 @@ def read_tolerant(verdict: str, judged: Judgement | None, findings: list[str]) -
 def read_state_divergence(div: StepDivergence, meta: list[MetaDiff]) -> list[str]:
     """Findings about the first step whose state differs (step-level records: no op was
     recorded there), most telling first: which part of the step, what differs, what next."""
-    kinds = div.comparison.by_kind()
+    grads = [pair for pair in div.pairs if pair.kind == "grad"]
+    alike, beyond = div.alike, " beyond rounding" if div.beyond else ""
     findings = [div.meaning]
     if div.cause is Cause.LOSS:
-        grads = kinds.get("grad")
         findings.append(
-            f"{len(grads)} gradient(s) differ as well, the first {grads[0].a.name}"
+            f"{len(grads)} gradient(s) differ{beyond} as well, the first {grads[0].a.name}"
             if grads
-            else "every gradient is equal: the difference in the loss did not reach them"
+            else f"every gradient is {alike}: the difference in the loss did not reach them"
         )
     elif div.cause is Cause.OPTIMIZER:
+        same = "the same up to rounding" if div.beyond else "the same"
         findings.append(
-            "the loss and every gradient recorded in both runs are equal, so the forward and "
-            "backward computed the same: the update differs (learning rate, its schedule, "
+            f"the loss and every gradient recorded in both runs are {alike}, so the forward "
+            f"and backward computed {same}: the update differs (learning rate, its schedule, "
             "momentum, weight decay, or the optimizer's state)"
         )
     first = div.first

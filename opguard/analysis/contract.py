@@ -15,6 +15,8 @@ from .divergence.nonfinite import Nonfinite, nonfinite_tensors
 from .result import RankDiff, RunDiff
 from .state_diff import ENTRIES_SHOWN, StateComparison, StepDivergence
 from .tolerant.distance import finite
+from .tolerant.envelope import envelope_json
+from .tolerant.judgement import Unjudged
 
 SCHEMA = "opguard.diff/1"
 
@@ -122,6 +124,23 @@ def state_divergence_json(div: StepDivergence) -> dict[str, Any]:
             "count_a": len(compared.only_a),
             "count_b": len(compared.only_b),
         },
+        "beyond": _beyond_json(div),
+    }
+
+
+def _beyond_json(div: StepDivergence) -> dict[str, Any] | None:
+    """Under --tolerant, the step's entries beyond the rounding envelope (None: bit for bit)."""
+    if not div.beyond:
+        return None
+    by_kind: dict[str, list[str]] = {}
+    for judged in div.beyond:
+        by_kind.setdefault(judged.a.kind, []).append(judged.label)
+    return {
+        "count": len(div.beyond),
+        "by_kind": {
+            kind: {"count": len(labels), "first": labels[0]} for kind, labels in by_kind.items()
+        },
+        "first": [judged.to_json() for judged in div.beyond[:ENTRIES_SHOWN]],
     }
 
 
@@ -153,6 +172,7 @@ def _states_json(states: StateComparison | None) -> dict[str, Any] | None:
         "entry": first.first.label if first else None,
         "steps_only_in_a": states.only_in_a,
         "steps_only_in_b": states.only_in_b,
+        "rounding": states.tolerance.to_json() if states.tolerance is not None else None,
     }
 
 
@@ -173,6 +193,10 @@ def step_level_json(result: RunDiff) -> dict[str, Any] | None:
         "differed_before_window": None
         if start is None
         else first is not None and first.step < start,
+        "envelope": envelope_json(result.tolerance)
+        if result.tolerance is not None
+        and any(r.states and r.states.tolerance for r in result.ranks)
+        else None,
     }
 
 
@@ -234,12 +258,32 @@ def rank_json(r: RankDiff) -> dict[str, Any]:
                     "explained": r.tolerance.explained,
                     "flips": r.tolerance.flips,
                     "measured": r.tolerance.measured,
+                    "not_judged": r.tolerance.unjudged_count,
+                    "judged_by_nothing": r.tolerance.judged_by_nothing,
+                    "not_judged_examples": [unjudged_json(u) for u in r.tolerance.unjudged],
                 }
             }
             if r.tolerance is not None
             else {}
         ),
         "layout": r.layout.to_json() if r.layout is not None else None,
+    }
+
+
+def unjudged_json(u: Unjudged) -> dict[str, Any]:
+    """A differing tensor whose distance was unknown (--tolerant), and what judged it."""
+    by = u.judged_by
+    return {
+        "step": u.step,
+        "a": op_ref(u.ops[0]),
+        "b": op_ref(u.ops[1]),
+        "slot": u.slot,
+        "role": u.role,
+        "why": u.why,
+        "allowed": finite(u.allowed),
+        "judged_by": {"a": op_ref(by[0]), "b": op_ref(by[1])} if by is not None else None,
+        "reached_nothing": u.reached_nothing,
+        "text": u.text(),
     }
 
 

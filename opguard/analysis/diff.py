@@ -37,6 +37,7 @@ from .divergence.nonfinite import NonfiniteWatch, resolve, same_in_both
 from .divergence.reach import ABSORBED_SHOWN, Absorbed, Reach
 from .result import RankDiff, RunDiff, StepSummary
 from .state_diff import StateComparison, compare_states, window_command
+from .tolerant.envelope import EnteringState, StepEnvelope
 from .tolerant.judge import Judge
 from .tolerant.layout_judge import LayoutAlignment, LayoutCounts, LayoutJudge
 from .tolerant.noise import NoiseFloor
@@ -58,32 +59,59 @@ def diff_rank(
     """One rank of both runs: op by op where both recorded ops, step by step where either run
     recorded step-level records only; the step-level records, where both runs hold them, are
     compared as well (the first differing step, and whether the state already differed when
-    the op records began; ``states``: their comparison, already made by a first pass over the
-    step-level records of every rank, :func:`states_first`). ``tolerance``: differences rounding explains are not divergences
-    (:mod:`.tolerant`; op records only: step-level records are compared bit for bit).
-    ``layout`` (with a tolerance): (degree, rank reported) of two ranks of runs in parallel
-    layouts that differ by that degree: ops align by call site and the rank of shapes, and
-    tensors compare by logical value (:mod:`.tolerant.layout_judge`). ``control`` (with a
-    tolerance): this rank of a control run of run A's script, whose distances from run A are
-    the measured noise floor (:mod:`.tolerant.noise`)."""
+    the op records began). ``tolerance``: differences rounding explains are not divergences
+    (:mod:`.tolerant`: ops by their bounds, step-level records by the rounding envelope,
+    :mod:`.tolerant.envelope`). ``layout`` (with a tolerance): (degree, rank reported) of two
+    ranks of runs in parallel layouts that differ by that degree: ops align by call site and
+    the rank of shapes, and tensors compare by logical value (:mod:`.tolerant.layout_judge`;
+    their step-level records are compared bit for bit). ``control`` (with a tolerance): this
+    rank of a control run of run A's script, whose distances from run A are the measured noise
+    floor (:mod:`.tolerant.noise`) and the step-level envelope. ``states``: the step-level
+    records' comparison bit for bit, already made by a first pass over every rank
+    (:func:`states_first`; a comparison without a tolerance: under one the envelope judges
+    the states as the ops are judged, in this one pass)."""
+    envelope = None
+    if tolerance is not None and layout is None:
+        envelope = StepEnvelope(tolerance, control)
     if by_steps_only(trace_a, trace_b):
-        result = _diff_steps_only(trace_a, trace_b, step, states)
-        if tolerance is not None:
+        result = _diff_steps_only(trace_a, trace_b, step, envelope, states)
+        if tolerance is not None and envelope is None:
             result.notes.append(
-                "--tolerant judges op records: this rank holds step-level records only, "
-                "compared bit for bit"
+                "--tolerant across parallel layouts judges op records: this rank holds "
+                "step-level records only, compared bit for bit"
             )
-    else:
-        result = _diff_ops(trace_a, trace_b, step, tolerance, layout, control)
-        if trace_a.has_steps and trace_b.has_steps:
-            result.states = (
-                states if states is not None else compare_states(trace_a, trace_b, step=step)
-            )
-            result.notes.extend(result.states.notes)
-            _end_of_reading(result, trace_a, trace_b)  # a damaged step record as well
-            if tolerance is None:  # else the states differ by rounding as the ops do
-                result.notes.extend(_before_the_ops(result))
+        return result
+    entering = None
+    if trace_a.has_steps and trace_b.has_steps:
+        if states is None:
+            states = compare_states(trace_a, trace_b, step=step, envelope=envelope)
+        entering = _entering(trace_a, trace_b, states) if envelope is not None else None
+    result = _diff_ops(trace_a, trace_b, step, tolerance, layout, control, entering)
+    if states is not None:
+        result.states = states
+        result.notes.extend(states.notes)
+        _end_of_reading(result, trace_a, trace_b)  # a damaged step record as well
+        if tolerance is None or envelope is not None:  # else bit for bit: rounding differs
+            result.notes.extend(_before_the_ops(result))
     return result
+
+
+def _entering(
+    trace_a: RankTrace, trace_b: RankTrace, states: StateComparison
+) -> EnteringState | None:
+    """The state entering the first step both runs recorded op by op, where the step-level
+    records found it within the rounding envelope (the op-level judge then takes it as
+    explained where the ops read it); None where none was (the first step, or a state beyond
+    the envelope before it: those leaves are judged op by op, and a note says where the state
+    parted)."""
+    firsts = [trace.first_op() for trace in (trace_a, trace_b)]
+    if any(first is None for first in firsts):
+        return None
+    start = max(first[1] for first in firsts if first is not None)
+    parted = states.first
+    if start == 0 or (parted is not None and parted.step < start):
+        return None
+    return EnteringState.of(trace_a, trace_b, start)
 
 
 def by_steps_only(trace_a: RankTrace, trace_b: RankTrace) -> bool:
@@ -94,9 +122,14 @@ def by_steps_only(trace_a: RankTrace, trace_b: RankTrace) -> bool:
 
 
 def _diff_steps_only(
-    trace_a: RankTrace, trace_b: RankTrace, step: int | None, states: StateComparison | None
+    trace_a: RankTrace,
+    trace_b: RankTrace,
+    step: int | None,
+    envelope: StepEnvelope | None,
+    states: StateComparison | None,
 ) -> RankDiff:
-    """A rank where a run recorded no ops (``--steps-only``): its step-level records alone."""
+    """A rank where a run recorded no ops (``--steps-only``): its step-level records alone
+    (under ``--tolerant``, by the rounding ``envelope``; ``states``: as :func:`diff_rank`'s)."""
     traces = (("A", trace_a), ("B", trace_b))
     for (name, trace), (other, _) in zip(traces, traces[::-1], strict=True):
         if not trace.has_steps:
@@ -116,7 +149,9 @@ def _diff_steps_only(
     return _by_states(
         trace_a,
         trace_b,
-        states if states is not None else compare_states(trace_a, trace_b, step=step),
+        states
+        if states is not None
+        else compare_states(trace_a, trace_b, step=step, envelope=envelope),
         note,
     )
 
@@ -137,10 +172,11 @@ def states_first(
     trace_a: RankTrace, trace_b: RankTrace, step: int | None
 ) -> StateComparison | None:
     """The first pass of a comparison in two passes, over a rank that both runs recorded op
-    by op and at step level: its step-level records alone, compared (None for any other rank,
-    which :func:`diff_rank` compares whole in one pass). Where no rank's state differs the
-    op records of every rank are compared after it; where some do, only theirs (the ranks the
-    divergence reached: its origin and its receivers), and the others' diff is
+    by op and at step level: its step-level records alone, compared bit for bit (None for any
+    other rank, which :func:`diff_rank` compares whole in one pass, as it does every rank
+    under a tolerance: the envelope judges the states with the ops). Where no rank's state
+    differs the op records of every rank are compared after it; where some do, only theirs
+    (the ranks the divergence reached: its origin and its receivers), and the others' diff is
     :func:`states_alone`."""
     if by_steps_only(trace_a, trace_b) or not (trace_a.has_steps and trace_b.has_steps):
         return None
@@ -161,15 +197,16 @@ def _before_the_ops(result: RankDiff) -> list[str]:
     if first is None:
         return []
     where = f"first at step {first.step} ({first.first.label})"
+    beyond = " beyond the rounding envelope" if first.beyond else ""
     start = result.steps[0].step if result.steps else None
     if start is not None and first.step < start:
         return [
-            f"the state already differed when the op-level records began (step {start}): "
-            f"{where}; record that step op by op: {window_command(first.step)}"
+            f"the state already differed{beyond} when the op-level records began (step "
+            f"{start}): {where}; record that step op by op: {window_command(first.step)}"
         ]
     if result.first is not None and first.step < result.first.step:
         return [
-            f"the step-level records differ before the first op-level difference (step "
+            f"the step-level records differ{beyond} before the first op-level difference (step "
             f"{result.first.step}): {where}"
         ]
     return []
@@ -182,6 +219,7 @@ def _diff_ops(
     tolerance: Tolerance | None,
     layout: tuple[int, int] | None,
     control: RankTrace | None,
+    entering: EnteringState | None,
 ) -> RankDiff:
     table = KeyTable()
     # NaN/Inf origins come with the same scan; with --step the scan covers part of the runs.
@@ -203,7 +241,7 @@ def _diff_ops(
         explainer = Explainer(trace_a, trace_b, by_layout)
         judge = LayoutJudge(tolerance, traces, by_layout, noise)
     elif tolerance is not None:
-        judge = Judge(tolerance, traces, alignments, noise)
+        judge = Judge(tolerance, traces, alignments, noise, entering)
     result.count_a, result.count_b = count_steps(trace_a), count_steps(trace_b)
     steps_a, steps_b = step_columns(reader_a, step), step_columns(reader_b, step)
     next_a, next_b = next(steps_a, None), next(steps_b, None)
@@ -399,19 +437,26 @@ def _compare_step(
                         ):
                             summary.reordered_pairs.append((op_a.index, op_b.index))
                             continue
-                        if result.first is None and (judge is None or judged is not None):
+                        # --tolerant: a tensor of unknown distance no measured output
+                        # judged yet is judged by what it feeds, if its difference reaches
+                        # anything
+                        unjudged = judge is not None and judged is None and judge.left_open
+                        if result.first is None and (
+                            judge is None or judged is not None or unjudged
+                        ):
                             if reach is None:
                                 reach = Reach(traces, (ops_a, ops_b), dict(pairs_of(runs)))
                             absorbed = reach.absorbed(i + k, j + k, op_a, op_b)
                             if absorbed is not None:
+                                if judge is not None and unjudged:
+                                    judge.reached_nothing()
                                 summary.absorbed_pairs.append((op_a.index, op_b.index))
                                 _note_absorbed(result, explainer, absorbed)
                                 continue
-                            result.first = (
-                                explainer.explain(op_a, op_b)
-                                if judge is None or judged is None
-                                else judge.divergence(explainer, op_a, op_b, judged)
-                            )
+                            if judge is None:
+                                result.first = explainer.explain(op_a, op_b)
+                            elif judged is not None:
+                                result.first = judge.divergence(explainer, op_a, op_b, judged)
                     summary.differing += 1
         prev_i, prev_j = i + n, j + n
     result.steps.append(summary)

@@ -16,20 +16,22 @@ from .divergence.nonfinite import Nonfinite
 from .divergence.reach import Absorbed
 from .divergence.roles import ORIGIN, Role, role_of
 from .state_diff import StateComparison, StepDivergence
-from .tolerant.judgement import Judgement, RankTolerance
+from .tolerant.judgement import DRIFT_AROUND, Judgement, RankTolerance
 from .tolerant.layout_judge import LayoutCounts
 from .tolerant.rule import Tolerance
 
 # The verdicts, and the exit status each gives ``opguard diff`` and ``explain`` (2: an error).
 # ``incomplete``: nothing differed in what could be read, and a run could not be read to its
-# end (a damaged record): never a verdict of equality.
+# end (a damaged record), a rank could not be compared (--ray: its node lost), or with
+# --tolerant a difference whose distance is unknown was judged by nothing: never a verdict of
+# equality.
 EXIT_STATUS = {"identical": 0, "within-rounding": 0, "diverged": 1, "incomplete": 3}
 
 
 def verdict_of(diverged: bool, tolerant: bool, differs: bool, incomplete: bool) -> str:
     """``identical``, ``diverged``, with --tolerant ``within-rounding`` (the runs differ, by no
     more than rounding explains), or ``incomplete``: no divergence in what was read, but part
-    of a run could not be read (:data:`EXIT_STATUS`)."""
+    of a run could not be read, or judged (:data:`EXIT_STATUS`)."""
     if diverged:
         return "diverged"
     if incomplete:
@@ -141,14 +143,27 @@ class RankDiff:
     @property
     def differs(self) -> bool:
         """Whether any compared value differs at all (an aligned op's outputs, a state)."""
-        return self.state_first is not None or bool(self.differing or self.absorbed_count)
+        states = self.states is not None and self.states.differs
+        return states or self.state_first is not None or bool(self.differing or self.absorbed_count)
+
+    @property
+    def tolerant(self) -> bool:
+        """Whether differences rounding explains were allowed (op records or step-level)."""
+        return self.tolerance is not None or (
+            self.states is not None and self.states.tolerance is not None
+        )
+
+    @property
+    def judged_by_nothing(self) -> int:
+        """--tolerant: differing tensors whose distance is unknown that no measured output
+        judged (before the first divergence): the verdict is then incomplete."""
+        return self.tolerance.judged_by_nothing if self.tolerance is not None else 0
 
     @property
     def verdict(self) -> str:
         """The rank's verdict, as :attr:`RunDiff.verdict` says the run's."""
-        return verdict_of(
-            self.diverged, self.tolerance is not None, self.differs, bool(self.unread)
-        )
+        incomplete = bool(self.unread or self.judged_by_nothing)
+        return verdict_of(self.diverged, self.tolerant, self.differs, incomplete)
 
     @property
     def steps_a(self) -> int:
@@ -261,19 +276,30 @@ class RunDiff:
 
     @property
     def incomplete(self) -> bool:
-        """Whether reading a run stopped before its end where the comparison reached it, or a
-        rank could not be compared at all."""
-        return any(r.unread for r in self.ranks) or bool(self.not_compared)
+        """Whether reading a run stopped before its end where the comparison reached it, a
+        rank could not be compared at all, or (--tolerant) a difference whose distance is
+        unknown was judged by nothing."""
+        return any(r.unread or r.judged_by_nothing for r in self.ranks) or bool(self.not_compared)
 
     def scope(self) -> str:
         """What the verdict covers where it is not the whole of both runs, in words (empty
-        otherwise): the steps compared, and which run could not be read further or did not
-        finish."""
+        otherwise): the steps compared, which run could not be read further or did not
+        finish, the ranks not compared, and (--tolerant) how many differences were judged by
+        nothing."""
+        unjudged = sum(r.judged_by_nothing for r in self.ranks)
         cut = [
             *(
                 f"run {name} could not be read further ({why})"
                 for r in self.ranks
                 for name, why in r.unread
+            ),
+            *(
+                [
+                    f"{unjudged} differing tensor(s) whose distance is unknown were judged by "
+                    "nothing (see 'not judged')"
+                ]
+                if unjudged
+                else []
             ),
             *(
                 f"run {name} did not finish"
@@ -297,20 +323,24 @@ class RunDiff:
         return any(r.differs for r in self.ranks)
 
     def drift(self) -> list[tuple[int, float | None]]:
-        """--tolerant: the largest relative distance of each step's aligned ops over the
-        ranks, for the steps around the first divergence (every step when none); None where
-        a distance was unknown."""
+        """--tolerant: the largest relative distance of each step's aligned ops (of its state
+        entries, where a rank compared step-level records only) over the ranks, for the steps
+        around the first divergence (every step when none); None where a distance was
+        unknown."""
         around = self.first.step if self.first is not None else None
+        around = around if around is not None else self._state_around()
         largest: dict[int, float | None] = {}
         for r in self.ranks:
-            if r.tolerance is None:
-                continue
-            steps = [s.step for s in r.steps]
-            for step, distance in r.tolerance.drift_series(steps, around):
+            for step, distance in _drift_of(r, around):
                 known = largest.get(step, 0.0)
                 unknown = distance is None or (step in largest and known is None)
                 largest[step] = None if unknown else max(known or 0.0, distance or 0.0)
         return sorted(largest.items())
+
+    def _state_around(self) -> int | None:
+        """The step the drift is drawn around where the step-level records gave the verdict."""
+        state = self.state_first
+        return state.step if state is not None and self.diverged else None
 
     def changed_share(self) -> list[tuple[int, float]]:
         """The share of each compared step's rows that differ (:attr:`StepSummary.changed`),
@@ -328,3 +358,19 @@ class RunDiff:
         """Why the first divergence is expected (compiled vs eager recording), or ''."""
         first = self.first
         return known_difference(first, self.meta_a, self.meta_b) if first is not None else ""
+
+
+def _drift_of(r: RankDiff, around: int | None) -> list[tuple[int, float | None]]:
+    """A rank's drift under --tolerant: its aligned ops' where it compared ops, else its
+    step-level records' (the steps whose state differed, :mod:`.tolerant.envelope`); the steps
+    within ``DRIFT_AROUND`` of ``around`` when given."""
+    if r.tolerance is not None:
+        return r.tolerance.drift_series([s.step for s in r.steps], around)
+    found = r.states.tolerance if r.states is not None else None
+    if found is None or r.ops_compared:
+        return []
+    return [
+        (step, None if step in found.unknown_steps else distance)
+        for step, distance in sorted(found.drift.items())
+        if around is None or abs(step - around) <= DRIFT_AROUND
+    ]

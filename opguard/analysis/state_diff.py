@@ -26,6 +26,7 @@ from ..store import RankTrace, TraceError
 from ..store.states import KIND_ORDER, StateEntry, StepState, comparable_entries, expand_step
 from .align.steps import add_to_ranges, range_text
 from .divergence.model import content_of
+from .tolerant.envelope import EntryJudgement, StepEnvelope, StepTolerance
 from .words.text import leading_values
 from .words.verdict import WORDS, Cause, Kind
 
@@ -133,10 +134,13 @@ def compare_step(a: StepState, b: StepState) -> StepComparison:
 
 @dataclass(frozen=True, slots=True)
 class StepDivergence:
-    """The first step of a rank whose state differs, as its records show it."""
+    """The first step of a rank whose state differs, as its records show it; under
+    ``--tolerant``, the first whose state differs beyond the rounding envelope (``beyond``:
+    the entries past it, in the order the step computed them, :mod:`.tolerant.envelope`)."""
 
     rank: int
     comparison: StepComparison
+    beyond: tuple[EntryJudgement, ...] = ()
 
     @property
     def kind(self) -> Kind:
@@ -148,8 +152,30 @@ class StepDivergence:
 
     @property
     def first(self) -> StatePair:
-        """The first differing entry in the order the step computed them."""
+        """The first differing entry in the order the step computed them (under
+        ``--tolerant``, the first beyond the envelope)."""
+        if self.beyond:
+            return StatePair(self.beyond[0].a, self.beyond[0].b)
         return self.comparison.differing[0]
+
+    @property
+    def pairs(self) -> tuple[StatePair, ...]:
+        """The entries that make the divergence, in the order the step computed them: under
+        ``--tolerant`` those beyond the envelope, else every differing one."""
+        if self.beyond:
+            return tuple(StatePair(judged.a, judged.b) for judged in self.beyond)
+        return self.comparison.differing
+
+    @property
+    def alike(self) -> str:
+        """How the entries that do not make it compare: ``equal``, or under ``--tolerant``
+        ``within rounding``."""
+        return "within rounding" if self.beyond else "equal"
+
+    @property
+    def judged(self) -> EntryJudgement | None:
+        """Under ``--tolerant``, why the first entry is beyond the envelope."""
+        return self.beyond[0] if self.beyond else None
 
     @property
     def cause(self) -> Cause:
@@ -159,7 +185,10 @@ class StepDivergence:
     def meaning(self) -> str:
         """Which part of the step made the difference, as a sentence."""
         what = "parameters" if self.first.kind == "param" else "optimizer states"
-        text = WORDS[self.cause].state.format(step=self.step, what=what)
+        beyond = " beyond rounding" if self.beyond else ""
+        text = WORDS[self.cause].state.format(
+            step=self.step, what=what, alike=self.alike, beyond=beyond
+        )
         missing = [
             e for e in (*self.comparison.only_a, *self.comparison.only_b) if e.kind == "grad"
         ]
@@ -169,6 +198,10 @@ class StepDivergence:
 
     @property
     def summary(self) -> str:
+        if self.beyond:
+            count = len(self.beyond)
+            more = f" (and {count - 1} more entries beyond it)" if count > 1 else ""
+            return f"step {self.step}: {self.beyond[0].text()}{more}: {self.meaning}"
         count = len(self.comparison.differing)
         more = f" (and {count - 1} more entries)" if count > 1 else ""
         return f"{self.first.label} differs at step {self.step}{more}: {self.meaning}"
@@ -199,13 +232,24 @@ class StateComparison:
     # The first step whose loss alone differed (:func:`reached_nothing`): not a divergence.
     loss_only: StepComparison | None = None
     notes: list[str] = field(default_factory=list)
+    # Under --tolerant: what the rounding envelope found (the steps' differences it explained)
+    tolerance: StepTolerance | None = None
+    differs: bool = False  # a compared step's state differed (within the envelope or not)
 
     def describe(self) -> str:
         """The rank's step-level verdict in one line, as every front end says it."""
         first = self.first
         if first is None:
             but = " but a loss that reached nothing" if self.loss_only is not None else ""
-            return f"{self.compared} steps compared, all equal{but}"
+            alike = "all equal"
+            if self.tolerance is not None and self.differs:
+                alike = "within the rounding envelope"
+            return f"{self.compared} steps compared, {alike}{but}"
+        if first.beyond:
+            return (
+                f"first beyond the rounding envelope at step {first.step} in "
+                f"{first.first.label}, {self.compared - 1} steps within it before"
+            )
         # The entry's kind says its cause, except that parameters and optimizer states point
         # at the update, with their gradients equal.
         update = " (the optimizer's update)" if first.cause == CAUSE_OF_KIND["param"] else ""
@@ -216,15 +260,22 @@ class StateComparison:
 
 
 def compare_states(
-    trace_a: RankTrace, trace_b: RankTrace, *, step: int | None = None
+    trace_a: RankTrace,
+    trace_b: RankTrace,
+    *,
+    step: int | None = None,
+    envelope: StepEnvelope | None = None,
 ) -> StateComparison:
     """Walks both runs' step-level records in step order (only step ``step`` when given) to
-    the first step whose content differs."""
+    the first step whose content differs; with an ``envelope`` (``--tolerant``), to the first
+    whose content differs beyond it."""
     result = StateComparison(trace_a.rank, trace_a.step_count(), trace_b.step_count())
+    if envelope is not None:
+        result.tolerance = envelope.found
     stop = None if step is None else step + 1
     walks = (trace_a.raw_steps(step or 0, stop), trace_b.raw_steps(step or 0, stop))
     try:
-        _walk(result, trace_a, trace_b, walks)
+        _walk(result, trace_a, trace_b, walks, envelope)
     finally:
         for walk in walks:
             walk.close()
@@ -237,6 +288,7 @@ def _walk(
     trace_a: RankTrace,
     trace_b: RankTrace,
     walks: tuple[Generator[tuple[int, bytes], None, None], ...],
+    envelope: StepEnvelope | None,
 ) -> None:
     names_a, names_b = trace_a.state_names, trace_b.state_names
     # Equal bytes are equal state when no name id means one name in A and another in B;
@@ -261,7 +313,7 @@ def _walk(
             continue
         result.compared += 1
         equal = (same_names and raw_a == raw_b) or _alike(raw_a, raw_b, rename)
-        if not equal and _judge(result, trace_a, trace_b, sa):
+        if not equal and _judge(result, trace_a, trace_b, sa, envelope):
             return
         next_a, next_b = next(walks[0], None), next(walks[1], None)
     for current, rest, ranges in (
@@ -293,20 +345,30 @@ def _native_step_contents() -> Any:
 _step_contents: Any = _native_step_contents()
 
 
-def _judge(result: StateComparison, trace_a: RankTrace, trace_b: RankTrace, step: int) -> bool:
+def _judge(
+    result: StateComparison,
+    trace_a: RankTrace,
+    trace_b: RankTrace,
+    step: int,
+    envelope: StepEnvelope | None,
+) -> bool:
     """Decodes and compares step ``step``; True when the walk ends there (the state differs,
-    or a record is damaged)."""
+    beyond the ``envelope`` where there is one, or a record is damaged)."""
     try:
         state_a, state_b = trace_a.step_state(step), trace_b.step_state(step)
     except TraceError:  # the trace's damage: the diff notes it where reading ended
         return True
     assert state_a is not None and state_b is not None  # the walk just read both
     compared = compare_step(state_a, state_b)
+    result.differs = result.differs or not compared.equal
     if not compared.equal and reached_nothing(compared, state_a):
         result.loss_only = result.loss_only or compared
     elif not compared.equal:
-        result.first = StepDivergence(result.rank, compared)
-        return True
+        pairs = [(pair.a, pair.b) for pair in compared.differing]
+        beyond = envelope.judge(state_a, state_b, pairs) if envelope is not None else []
+        if envelope is None or beyond:
+            result.first = StepDivergence(result.rank, compared, tuple(beyond))
+            return True
     if (compared.only_a or compared.only_b) and result.entries_only is None:
         result.entries_only = compared
     return False
@@ -338,6 +400,8 @@ def _add_notes(result: StateComparison) -> None:
             f"({_leading(pair.a)} vs {_leading(pair.b)}) while "
             "every gradient is equal: it reached nothing the step computed"
         )
+    if result.tolerance is not None:
+        result.notes.extend(result.tolerance.notes())
     only = result.entries_only
     if only is not None:
         result.notes.append(

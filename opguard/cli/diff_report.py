@@ -15,7 +15,8 @@ from ..analysis.divergence.causes import STREAM_RACE
 from ..analysis.divergence.compilation import mode_note
 from ..analysis.divergence.nonfinite import Nonfinite, nonfinite_tensors
 from ..analysis.state_diff import ENTRIES_SHOWN, StepDivergence, window_command
-from ..analysis.tolerant.judgement import Judgement
+from ..analysis.tolerant.envelope import envelope_text
+from ..analysis.tolerant.judgement import Judgement, not_judged_text
 from ..analysis.words.text import (
     KERNELS_REPORTED,
     ORIGINS_SHOWN,
@@ -177,10 +178,24 @@ def _print_tolerance(result: RunDiff) -> None:
     measured = sum(t.measured for t in found)
     flipped = f", {flips} of them integer/bool flips" if flips else ""
     floor = f", {measured} by the control run's measured floor" if tolerance.noise else ""
-    console.print(
-        f"  tolerant ({tolerance.mode}: {escape(tolerance.text())}): {explained} differing "
-        f"aligned op(s) explained by rounding{flipped}{floor}"
-    )
+    if any(r.ops_compared for r in result.ranks):
+        console.print(
+            f"  tolerant ({tolerance.mode}: {escape(tolerance.text())}): {explained} differing "
+            f"aligned op(s) explained by rounding{flipped}{floor}"
+        )
+    unjudged = not_judged_text(found)
+    if unjudged:
+        console.print(f"  not judged: {escape(unjudged)}")
+    steps = [r.states.tolerance for r in result.ranks if not r.ops_compared and r.states]
+    within = [t for t in steps if t is not None]
+    if within:
+        by_control = sum(t.by_control for t in within)
+        control = f", {by_control} by the control run's" if tolerance.noise else ""
+        console.print(
+            f"  tolerant (step level: {escape(envelope_text(tolerance))}): "
+            f"{sum(t.explained for t in within)} differing state entries within the "
+            f"rounding envelope{control}"
+        )
     layouts = [r.layout for r in result.ranks if r.layout is not None]
     if layouts:
         console.print(
@@ -232,8 +247,9 @@ def print_state_divergence(div: StepDivergence, result: RunDiff) -> None:
     """The first step whose state differs: the entry that differs first in the order the
     step computed them, both runs' values, what that means, the step's other differing
     entries, and how to see that step op by op."""
+    title = "First step beyond the rounding envelope" if div.beyond else "First differing step"
     console.print(
-        f"\n[bold]First differing step[/] — rank {div.rank}, step {div.step}, "
+        f"\n[bold]{title}[/] — rank {div.rank}, step {div.step}, "
         f"kind: [bold]{div.kind}[/] ({div.cause})"
     )
     console.print(f"  {escape(div.meaning)}")
@@ -241,8 +257,15 @@ def print_state_divergence(div: StepDivergence, result: RunDiff) -> None:
     console.print(f"  [bold]{escape(first.label)}[/] differs:")
     console.print(escape(_tensor_line("A", first.a.tensor)))
     console.print(escape(_tensor_line("B", first.b.tensor)))
+    if div.judged is not None:
+        console.print(f"    distance: {escape(div.judged.text())}")
+        beyond = ", ".join(dict.fromkeys(j.label for j in div.beyond[1:ENTRIES_SHOWN]))
+        more = len(div.beyond) - ENTRIES_SHOWN
+        if beyond:
+            tail = f" and {more} more" if more > 0 else ""
+            console.print(f"  also beyond the rounding envelope: {escape(beyond)}{tail}")
     console.print(f"  differing in step {div.step}: {escape(div.comparison.kinds_text())}")
-    for pair in div.comparison.differing[1:ENTRIES_SHOWN]:
+    for pair in div.comparison.differing[1:ENTRIES_SHOWN] if not div.beyond else ():
         a, b = _values(pair.a.tensor), _values(pair.b.tensor)
         console.print(f"    {escape(pair.label)}: {a} (A) vs {b} (B)")
     if div.comparison.only_a or div.comparison.only_b:
@@ -256,7 +279,7 @@ def print_state_divergence(div: StepDivergence, result: RunDiff) -> None:
     ):
         record = f"{window_command(div.step)} -o {shlex.quote(output)} {_target(meta, path)}"
         console.print(f"    {escape(record)}")
-    console.print(f"    opguard diff {escape(shlex.join(outputs))}")
+    console.print(f"    opguard diff {escape(shlex.join([*outputs, *_tolerant_switches(result)]))}")
     hunt = _hunt_command(result)
     if hunt:
         console.print(
@@ -304,9 +327,21 @@ def _hunt_command(result: RunDiff) -> str | None:
             return None
         targets.append(shlex.join(target[1:] if target[0] == "--" else target))
     directory = shlex.quote(os.path.join(os.path.dirname(result.path_a.rstrip("/")), "hunt"))
+    tolerant = "".join(f" {shlex.quote(word)}" for word in _tolerant_switches(result))
     return (
         f"opguard hunt -o {directory} --a {shlex.quote(targets[0])} --b {shlex.quote(targets[1])}"
+        f"{tolerant}"
     )
+
+
+def _tolerant_switches(result: RunDiff) -> list[str]:
+    """``--tolerant[=REL] [--noise CONTROL]`` as this diff was made (none: bit for bit)."""
+    tolerance = result.tolerance
+    if tolerance is None:
+        return []
+    noise = ["--noise", tolerance.noise] if tolerance.noise is not None else []
+    value = tolerance.argument()
+    return ["--tolerant" if value == "auto" else f"--tolerant={value}", *noise]
 
 
 def _counts_text(tensors: list[tuple[str, int, int]]) -> str:

@@ -17,8 +17,6 @@ from types import CodeType, FrameType
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
-from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import _C
@@ -30,8 +28,7 @@ from .capture import Capturer
 from .collectives import wait
 from .kernels import KernelActivity
 from .ops import OpInfo, op_info
-from .perturb import Perturbation
-from .tensors import PLAIN_TENSORS, entry_recorder
+from .tensors import HAND_BACK, RUN_AS_IS, entry_recorder, subclass_call
 
 _BACKWARD = schema.PHASES.index("backward")
 _OPTIMIZER = schema.PHASES.index("optimizer")
@@ -45,7 +42,6 @@ RING_DRAIN = 0.5
 # Bookkeeping ops that compute nothing: record_function markers carry object addresses that
 # differ between runs of the same program.
 UNRECORDED_NAMESPACES = frozenset({"profiler"})
-DATALESS_TENSORS = (FakeTensor, FunctionalTensor)
 
 
 def skip_dynamo_recursively(code: CodeType) -> bool:
@@ -110,8 +106,6 @@ class OpRecorder(TorchDispatchMode):
         self._in_flight = False
         self._kernels: KernelActivity | None = None
         self.capture: Capturer | None = None  # set by record --capture
-        # set by record --perturb-rounding: ops that round by implementation move their results
-        self.perturbation: Perturbation | None = None
         self.active = True  # recording ops (False: passing them through, paused or stopped)
         self.stopped = False  # for good: a failure, or the step limit
 
@@ -185,22 +179,14 @@ class OpRecorder(TorchDispatchMode):
         info = self._op_infos.get(id(func))
         if not self.active or (info is None and func.namespace in UNRECORDED_NAMESPACES):
             return func(*args, **kwargs)
-        for t in types:
-            if t not in PLAIN_TENSORS:
-                if any(issubclass(t, DATALESS_TENSORS) for t in types):
-                    # Fake and functional tensors (DTensor's sharding propagation, tracing)
-                    # hold no data, and refuse to run while another mode is active: run them
-                    # unrecorded.
-                    return func(*args, **kwargs)
-                # A tensor subclass (the functional collectives' AsyncCollectiveTensor,
-                # DTensor) may hold no storage to read: let it unwrap itself; the ops it runs
-                # on plain tensors come back through this mode and are recorded.
-                return NotImplemented
+        subclass = subclass_call(types)
+        if subclass == RUN_AS_IS:  # unrecorded
+            return func(*args, **kwargs)
+        if subclass == HAND_BACK:  # the plain ops it runs come back and are recorded
+            return NotImplemented
         if info is None:
             try:
-                info = self.info_for(
-                    func, lambda: self._perturbed(op_info(func, self._writer.intern_name))
-                )
+                info = self.info_for(func, lambda: op_info(func, self._writer.intern_name))
             except Exception as exc:
                 self.fail(exc)
                 return func(*args, **kwargs)
@@ -214,8 +200,6 @@ class OpRecorder(TorchDispatchMode):
             caller = sys._current_frames().get(self._thread)
         if info.plain and self.capture is None and self._writer.error is None:
             return self._calls.call(info.plan, info.name_id, info.run, args, kwargs, caller)
-        if self.perturbation is not None:
-            func = info.run  # the perturbed call, where the op is perturbed
         if not info.is_collective:
             return self.record_call(info, func, args, kwargs, caller=caller)
         # An output still in flight is fingerprinted by its first reader, not here.
@@ -329,10 +313,6 @@ class OpRecorder(TorchDispatchMode):
         """The files of the call sites recorded so far (whose packages the run's environment
         names)."""
         return self._sites.files()
-
-    def _perturbed(self, info: OpInfo) -> OpInfo:
-        """``info``, its call perturbed where this run perturbs rounding."""
-        return info if self.perturbation is None else self.perturbation.wrap(info)
 
     def info_for(self, key: Any, build: Callable[[], OpInfo]) -> OpInfo:
         """The cached :class:`OpInfo` of ``key`` (an ATen overload, a compiled region, a

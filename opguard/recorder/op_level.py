@@ -18,17 +18,12 @@ import collections
 import sys
 from typing import Any
 
-import torch
-
 from . import compiled
 from .mode import OpRecorder
+from .perturb import PerturbingMode
+from .tensors import dispatch_stack
 
 Window = tuple[int, int]
-
-
-def _dispatch_stack() -> list[Any]:
-    """The dispatch modes pushed on this thread, innermost last."""
-    return [torch._C._get_dispatch_stack_at(i) for i in range(torch._C._len_torch_dispatch_stack())]
 
 
 class OpLevel:
@@ -87,10 +82,11 @@ class OpLevel:
         if self._recorder.stopped:  # for good (the step limit, a failure)
             return
         if not self._pushed:
-            if not first and _dispatch_stack():
+            if not first and any(not isinstance(m, PerturbingMode) for m in dispatch_stack()):
                 # Pushed above a mode the script entered since recording started, the recorder
                 # would be popped by that mode's exit: these ops stay unrecorded rather than
-                # break it.
+                # break it. (A control run's perturbation, pushed when recording started, is
+                # beneath it as it should be.)
                 if self._refused_at is None:
                     self._refused_at = step
                     print(
@@ -108,7 +104,7 @@ class OpLevel:
     def _turn_off(self) -> None:
         self._recorder.pause()
         compiled.attach(None)
-        stack = _dispatch_stack()
+        stack = dispatch_stack()
         if self._pushed and stack and stack[-1] is self._recorder:
             self._recorder.__exit__(None, None, None)
             self._pushed = False

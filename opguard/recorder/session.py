@@ -33,7 +33,7 @@ from .environment import environment
 from .kernels import KernelActivity
 from .mode import OpRecorder, StepState, TraceWriteFailed, failure_info
 from .op_level import OpLevel
-from .perturb import Perturbation
+from .perturb import PerturbingMode
 from .ranks import distributed_info, env_rank, prepared_by_parent, wait_for_rank0
 from .step_records import StepRecorder
 from .termination import Terminated, catch_sigterm, die_of_sigterm, release_sigterm
@@ -114,6 +114,7 @@ class RecordingSession:
         self.keep_last = chosen.keep_last
         self._op_level: OpLevel | None = None
         self._step_records: StepRecorder | None = None
+        self._perturbing: PerturbingMode | None = None  # --perturb-rounding: a control run
         self._gc_threshold: tuple[int, ...] | None = None
         self._renumber_refused = False
         self._overwrite = chosen.overwrite
@@ -161,6 +162,9 @@ class RecordingSession:
         self.state.step = self.first_step
         self._step_records = StepRecorder(self.writer, self._on_step_failure)
         self._step_records.start()
+        if self.perturb_rounding is not None:  # beneath the op recorder: it reads the results
+            self._perturbing = PerturbingMode(self.perturb_rounding)
+            self._perturbing.__enter__()
         if not self.steps_only:
             self._start_op_level()
         self._hooks = [
@@ -178,8 +182,6 @@ class RecordingSession:
         """The op recorder, its GPU activity collection and the settings it runs best with."""
         self._recorder = OpRecorder(self.writer, self.state, self._on_failure)
         self._recorder.verify_inputs = self.verify_inputs
-        if self.perturb_rounding is not None:
-            self._recorder.perturbation = Perturbation(self.perturb_rounding)
         if self.capture is not None:
             self._capturer = Capturer(self.capture, self.capture_limit, self.writer)
             self._recorder.capture = self._capturer
@@ -213,6 +215,9 @@ class RecordingSession:
         recorder, self._recorder = self._recorder, None
         if self._op_level is not None:
             self._op_level.close()
+        if self._perturbing is not None:
+            self._perturbing.close()
+            self._perturbing = None
         release_sigterm()
         compiled.attach(None)
         self._compile_settings.restore()

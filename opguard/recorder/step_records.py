@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from .. import _C
+from ..store.schema import SKETCHED_STATE_KINDS
 from ..store.states import encode_packed_step
 from .mode import RING_DRAIN
 from .owners import Owners, find_owners, param_name
@@ -113,7 +114,7 @@ class StepRecorder:
             found = [local(t) for t in tensors if isinstance(t, torch.Tensor)]
             first, self._losses = self._losses, self._losses + len(found)
             labels = [self._label(LOSS, LOSS, str(first + k)) for k in range(len(found))]
-            self._add(found, labels)
+            self._add(LOSS, found, labels)
         except Exception as exc:
             self._fail(exc)
 
@@ -129,7 +130,7 @@ class StepRecorder:
                 if grad is not None:
                     tensors.append(local(grad))
                     labels.append(label)
-            self._add(tensors, labels)
+            self._add("grad", tensors, labels)
         except Exception as exc:
             self._fail(exc)
 
@@ -139,8 +140,8 @@ class StepRecorder:
             return
         try:
             layout = self._layout(optimizer)
-            tensors = [local(p) for p in layout.params]
-            labels = list(layout.param_labels)
+            self._add("param", [local(p) for p in layout.params], list(layout.param_labels))
+            tensors, labels = [], []
             state = optimizer.state
             for position, param in enumerate(layout.params):
                 slots = state.get(param)
@@ -150,7 +151,7 @@ class StepRecorder:
                     if isinstance(value, torch.Tensor):
                         tensors.append(local(value))
                         labels.append(self._state_label(layout, position, key))
-            self._add(tensors, labels)
+            self._add("state", tensors, labels)
         except Exception as exc:
             self._fail(exc)
 
@@ -163,7 +164,8 @@ class StepRecorder:
             tensors = [local(buffer) for _, buffer in held if buffer is not None]
             labels = [label for label, buffer in held if buffer is not None]
             rng, rng_labels = self._rng_states()
-            self._add(tensors + rng, labels + rng_labels)  # STATE_KINDS' order
+            # STATE_KINDS' order (the RNG states are bytes, which have no sketch to keep)
+            self._add("buffer", tensors + rng, labels + rng_labels)
             batches, self._batches, self._losses = self._batches, [], 0
             self._writer.put_step(step, functools.partial(_packed_step, step, batches))
             if ring_load() > RING_DRAIN:
@@ -173,9 +175,12 @@ class StepRecorder:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _add(self, tensors: list[torch.Tensor], labels: list[bytes]) -> None:
+    def _add(self, kind: str, tensors: list[torch.Tensor], labels: list[bytes]) -> None:
+        """Fingerprints tensors of ``kind`` (their entries keep their sketch where the kind's
+        distances are judged, :data:`~opguard.store.schema.SKETCHED_STATE_KINDS`)."""
         if tensors:
-            self._batches.append(fingerprint_all(tensors, labels))
+            sketch = kind in SKETCHED_STATE_KINDS
+            self._batches.append(fingerprint_all(tensors, labels, sketch=sketch))
 
     def _label(self, kind: str, name: str, slot: str) -> bytes:
         key = (kind, name, slot)

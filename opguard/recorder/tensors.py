@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 
 from .. import _C
 from .._C import EntryRecorder, PendingFields
@@ -14,6 +16,29 @@ HEAD_ELEMENTS = 8
 # The tensor classes whose memory the recorder reads; subclasses (DTensor, fake, functional
 # tensors) may hold no storage of their own.
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+DATALESS_TENSORS = (FakeTensor, FunctionalTensor)
+# How OpGuard's dispatch modes treat a call on tensors that are not all plain
+# (:func:`subclass_call`): run it as it is, or hand it back to the subclass.
+RUN_AS_IS, HAND_BACK = "run as is", "hand back"
+
+
+def dispatch_stack() -> list[Any]:
+    """The dispatch modes pushed on this thread, innermost last."""
+    return [torch._C._get_dispatch_stack_at(i) for i in range(torch._C._len_torch_dispatch_stack())]
+
+
+def subclass_call(types: Any) -> str | None:
+    """How a dispatch mode of OpGuard's (the recorder, a control run's perturbation) treats a
+    call whose tensor ``types`` are not all plain; None where they are. Fake and functional
+    tensors (DTensor's sharding propagation, tracing) hold no data and refuse to run while
+    another mode is active: :data:`RUN_AS_IS`. Another subclass (the functional collectives'
+    AsyncCollectiveTensor, DTensor) may hold no storage to read: :data:`HAND_BACK`
+    (``NotImplemented``), so that it unwraps itself and the ops it runs on plain tensors come
+    back through the mode."""
+    if all(t in PLAIN_TENSORS for t in types):
+        return None
+    return RUN_AS_IS if any(issubclass(t, DATALESS_TENSORS) for t in types) else HAND_BACK
+
 
 _DTYPE_INFO: dict[torch.dtype, tuple[str, int, int]] = {}
 
@@ -70,11 +95,14 @@ def fingerprint_fields(tensor: torch.Tensor) -> Fields | PendingFields:
     return _PROBE.fingerprint(tensor, HEAD_ELEMENTS)
 
 
-def fingerprint_all(tensors: list[torch.Tensor], labels: list[bytes]) -> _C.StateBatch:
+def fingerprint_all(
+    tensors: list[torch.Tensor], labels: list[bytes], *, sketch: bool
+) -> _C.StateBatch:
     """Fingerprints of many tensors at once, each with its step-level entry's label
     (``_C.state_label``), GPU ones launched together on their devices' current streams: a
-    batch for ``_C.pack_entries`` (``csrc/state_record.h``)."""
-    return _C.fingerprint_all(_PROBE, tensors, labels, HEAD_ELEMENTS)
+    batch for ``_C.pack_entries`` (``csrc/state_record.h``); ``sketch``: their entries keep
+    their sketch."""
+    return _C.fingerprint_all(_PROBE, tensors, labels, HEAD_ELEMENTS, sketch)
 
 
 def ring_load() -> float:

@@ -22,7 +22,7 @@ from ..analysis.browse.lookup import SourceView
 from ..analysis.browse.rows import OpLine, Status
 from ..analysis.divergence.compilation import mode_note
 from ..analysis.state_diff import StepDivergence
-from ..analysis.tolerant.judgement import Judgement
+from ..analysis.tolerant.judgement import Judgement, not_judged_text
 from ..analysis.words.text import (
     kernel_line,
     leading_bits,
@@ -149,6 +149,7 @@ def _tolerance(result: RunDiff) -> str:
             else []
         ),
         *(("parallel layouts", layout.text()) for r in result.ranks if (layout := r.layout)),
+        *([("not judged", unjudged)] if (unjudged := not_judged_text(found)) else []),
     ]
     return _definitions(rows, "tolerance")
 

@@ -78,9 +78,10 @@ _DB = struct.Struct("<IHHQQQQQ")
 _META = struct.Struct(f"<IIQQ{_DB.size}s{_DB.size}sQQ")
 
 
-# Databases read up to a damaged page rather than refused: a trace's op records, in the order
-# they were made, so the records before the damage are a run's first ops (a trace cut short).
-CUT_SHORT = ("ops",)
+# Databases read up to a damaged page rather than refused: a trace's op records and its
+# step-level records, each in the order they were made, so the records before the damage are a
+# run's first ops or steps (a trace cut short).
+CUT_SHORT = ("ops", "steps")
 
 
 class _Damaged(Exception):

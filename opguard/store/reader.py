@@ -148,6 +148,9 @@ class RankTrace:
         # to ``_stop``, exclusive): set by :meth:`_check_structure`.
         self._cut: Readable | None = None
         self._stop: int | None = None
+        # The same of the step-level records (steps up to ``_step_stop``, exclusive).
+        self._step_cut: Readable | None = None
+        self._step_stop: int | None = None
         # The ops :meth:`op` decoded last: the analysis reads an op's producers and readers
         # again around it (records never change once written, and are immutable).
         self._decoded: dict[int, OpRecord] = {}
@@ -180,17 +183,23 @@ class RankTrace:
     def _check_structure(self) -> None:
         """Refuses a truncated or structurally damaged file before LMDB reads its pages
         (LMDB would crash the process on it, see :mod:`.pagecheck`), but for a damaged page of
-        the op records: the ops before it are read, as up to a damaged record."""
+        the op or step-level records: those before it are read, as up to a damaged record."""
         try:
             with self._env.begin() as txn:
-                cut = check_snapshot(self.path / "data.mdb", txn.id()).get("ops")
+                cuts = check_snapshot(self.path / "data.mdb", txn.id())
         except lmdb.Error as exc:
             raise TraceError(f"{self.path}: not a readable OpGuard trace ({exc})") from None
-        if cut is None:
-            return
-        if cut.last_key is None or len(cut.last_key) != schema.OP_KEY_SIZE:
-            raise TraceError(f"{self.path}: damaged trace ({cut.problem}; no op before it)")
-        self._cut, self._stop = cut, schema.op_index(cut.last_key) + 1
+        cut = cuts.get("ops")
+        if cut is not None:
+            if cut.last_key is None or len(cut.last_key) != schema.OP_KEY_SIZE:
+                raise TraceError(f"{self.path}: damaged trace ({cut.problem}; no op before it)")
+            self._cut, self._stop = cut, schema.op_index(cut.last_key) + 1
+        step_cut = cuts.get("steps")
+        if step_cut is not None:  # a run recorded --steps-only may hold nothing else: no refusal
+            last = step_cut.last_key
+            readable = last is not None and len(last) == schema.OP_KEY_SIZE
+            self._step_cut = step_cut
+            self._step_stop = schema.op_index(last) + 1 if readable and last else 0
 
     @property
     def _cut_short(self) -> str:
@@ -200,6 +209,16 @@ class RankTrace:
         return (
             f"reading stopped at a damaged page: {self._cut.entries} op record(s) read, up to op "
             f"{self._stop - 1}; those past it cannot be reached ({self._cut.problem})"
+        )
+
+    @property
+    def _step_cut_short(self) -> str:
+        """What reading a trace with a damaged page of step-level records leaves out."""
+        assert self._step_cut is not None and self._step_stop is not None
+        read = f"up to step {self._step_stop - 1}" if self._step_stop else "none before it"
+        return (
+            f"reading stopped at a damaged page of step records: {self._step_cut.entries} step "
+            f"record(s) read, {read}; those past it cannot be reached ({self._step_cut.problem})"
         )
 
     def _within_cut(self, stop: int | None) -> tuple[int | None, bool]:
@@ -339,6 +358,8 @@ class RankTrace:
         db = self._dbs.get("steps")
         if db is None:
             return 0
+        if self._step_cut is not None:  # those past a damaged page cannot be read
+            return self._step_cut.entries
         try:
             with self._env.begin() as txn:
                 return int(txn.stat(db)["entries"])
@@ -348,7 +369,7 @@ class RankTrace:
     def step_span(self) -> tuple[int, int] | None:
         """The numbers of the first and last steps with a step-level record (None: none)."""
         db = self._dbs.get("steps")
-        if db is None:
+        if db is None or self._step_stop == 0:
             return None
         try:
             with self._env.begin() as txn:
@@ -356,8 +377,11 @@ class RankTrace:
                 if not cursor.first():
                     return None
                 first = cursor.key()
-                cursor.last()
-                keys = (first, cursor.key())
+                if self._step_stop is None:
+                    cursor.last()
+                    keys = (first, cursor.key())
+                else:  # LMDB's last is past a damaged page
+                    keys = (first, schema.op_key(self._step_stop - 1))
         except lmdb.Error:
             return None
         if any(len(key) != schema.OP_KEY_SIZE for key in keys):
@@ -367,19 +391,13 @@ class RankTrace:
     def step_states(self, start: int = 0) -> Iterator[StepState]:
         """Step-level records from step ``start`` on, in step order; reading ends at a
         damaged record (see :attr:`damage`)."""
-        db = self._dbs.get("steps")
-        if db is None:
-            return
         names = self.state_names
-        try:
-            with self._env.begin() as txn:
-                cursor = txn.cursor(db=db)
-                if not cursor.set_range(schema.op_key(max(0, start))):
-                    return
-                for _, value in cursor:
-                    yield decode_step(_unpack(value), names)
-        except (lmdb.Error, DamagedRecord) as exc:
-            self.damage = f"reading stopped at a damaged step record: {exc}"
+        for _, value in self._step_records(max(0, start), None, values=True):
+            try:
+                yield decode_step(_unpack(value), names)
+            except DamagedRecord as exc:
+                self.damage = f"reading stopped at a damaged step record: {exc}"
+                return
 
     def raw_steps(
         self, start: int = 0, stop: int | None = None
@@ -404,18 +422,27 @@ class RankTrace:
         db = self._dbs.get("steps")
         if db is None or start > schema.MAX_OP_INDEX:
             return
-        spans = mapped_spans(self.path) if stop is None else []
+        whole = stop is None
+        cut = self._step_stop is not None and (stop is None or stop > self._step_stop)
+        if cut:
+            stop = self._step_stop
+        spans = mapped_spans(self.path) if whole else []
         advise_pages(spans, _MADV_SEQUENTIAL)
         try:
             with self._env.begin() as txn:
                 cursor = txn.cursor(db=db)
-                if not cursor.set_range(schema.op_key(_clamped(start))):
-                    return
-                pairs: Iterator[tuple[bytes, bytes]] = (
-                    cursor.iternext()
-                    if values
-                    else ((key, b"") for key in cursor.iternext(values=False))
-                )
+                if (stop is not None and start >= stop) or not cursor.set_range(
+                    schema.op_key(_clamped(start))
+                ):
+                    pairs: Iterator[tuple[bytes, bytes]] = iter(())
+                else:
+                    pairs = (
+                        cursor.iternext()
+                        if values
+                        else ((key, b"") for key in cursor.iternext(values=False))
+                    )
+                if cut and stop:  # never a step past the last record before the damage
+                    pairs = _through(pairs, schema.op_key(stop - 1))
                 for count, (key, value) in enumerate(pairs, 1):
                     step = _op_index(key)
                     if stop is not None and step >= stop:
@@ -425,9 +452,12 @@ class RankTrace:
                         advise_pages(spans, _MADV_DONTNEED)
         except (lmdb.Error, DamagedRecord) as exc:
             self.damage = f"reading stopped at a damaged step record: {exc}"
+            return
         finally:
-            if stop is None:
+            if whole:
                 advise_pages(mapped_spans(self.path), _MADV_RANDOM)
+        if cut:
+            self.damage = self._step_cut_short
 
     def step_state(self, step: int) -> StepState | None:
         """The step-level record of step ``step`` (None: the trace holds none);
@@ -436,6 +466,9 @@ class RankTrace:
         db = self._dbs.get("steps")
         if db is None or not _holds(step):
             return None
+        if self._step_stop is not None and step >= self._step_stop:  # a search past the damage
+            self.damage = self._step_cut_short
+            raise TraceError(f"{self.path}: no step record {step} read ({self._step_cut_short})")
         try:
             with self._env.begin() as txn:
                 raw = txn.get(schema.op_key(step), db=db)

@@ -29,8 +29,9 @@ A run directory holds ``meta.json`` (the run as a whole) and one LMDB environmen
     key: the step's number as an 8-byte big-endian integer; value: map ``s`` step, ``e`` list
     of state entries ``[kind, name id, slot, tensor entry]`` (kinds: STATE_KINDS; ``slot``: an
     optimizer state's key, such as ``exp_avg``, else ``""``; the tensor entry holds ``d``,
-    ``s``, ``h``, ``z``, ``b``, ``m``, ``f`` as below: no sketch ``w``, which only op records
-    carry); or map ``s`` step, ``z`` that list packed
+    ``s``, ``h``, ``z``, ``b``, ``m``, ``w``, ``f`` as below, ``w`` the sketch for the kinds
+    of SKETCHED_STATE_KINDS only, and in traces recorded before them for none); or map ``s``
+    step, ``z`` that list packed
     and zlib-compressed (what the recorder writes). Absent in traces recorded before it.
 ``states``
     interned names of state tensors (``transformer.h.3.mlp.c_fc.weight``, or ``group 0 param
@@ -71,6 +72,12 @@ DB_NAMES = ("ops", "names", "sites", "stacks", "info", "kernels", "captures", "s
 # ``backward()`` was called on), each parameter's gradient as the optimizer saw it, the
 # parameters and optimizer states after its update, the modules' buffers, the RNG states.
 STATE_KINDS = ("loss", "grad", "param", "state", "buffer", "rng")
+# The kinds whose step-level entries keep their sketch: what ``opguard diff --tolerant`` judges
+# at the step level (how far apart the runs' losses, gradients, parameters and buffers are).
+# Optimizer states leave it out, as a step's record stays small (GPT-2's AdamW holds three per
+# parameter); what changes them shows in the parameters they update. RNG states are bytes,
+# which have no sketch.
+SKETCHED_STATE_KINDS = frozenset({"loss", "grad", "param", "buffer"})
 META_FILE = "meta.json"
 RANK_DIR_PREFIX = "rank-"
 

@@ -166,7 +166,8 @@ def loss_tensors(raw: bytes) -> list[TensorRecord]:
 
 def comparable_entries(raw: bytes, rename: Sequence[int] | None = None) -> list[Any] | None:
     """The entries of a stored step record as two runs' records compare: without their stats
-    (the same content gets other means where another device or kernel reduced it) and with
+    and sketches (the same content gets other means and buckets where another device or kernel
+    reduced it) and with
     name id ``i`` mapped to ``rename[i]`` (-1 past its end). Equal results mean equal states;
     unequal ones may still hold equal content (entries in another order), which only a full
     decode tells. None when ``raw`` is not a step record (decoding it says why). The Python
@@ -187,6 +188,7 @@ def comparable_entries(raw: bytes, rename: Sequence[int] | None = None) -> list[
         ):
             return None
         entry[3].pop("m", None)
+        entry[3].pop("w", None)
         if rename is not None:
             entry[1] = rename[entry[1]] if 0 <= entry[1] < len(rename) else -1
     return entries

@@ -122,7 +122,7 @@ TOOLS: tuple[Tool, ...] = (
     ),
     Tool(
         "hunt",
-        "Long runs: record both at step level, find the first step whose state differs, record that step op by op in both and diff: the op and its line (runs both scripts twice).",
+        "Long runs: record both at step level, find the first step whose state differs (with tolerant: beyond the rounding envelope), record that step op by op in both and diff: the op and its line (runs both scripts twice).",
         (
             Param(
                 "output",
@@ -145,6 +145,8 @@ TOOLS: tuple[Tool, ...] = (
                 "--overwrite",
                 default=False,
             ),
+            TOLERANT,
+            NOISE,
             RAY,
         ),
         f"{ANSWERS}.recording:hunt",

@@ -11,6 +11,7 @@ from ..children import run_opguard
 from ..hunt import Hunt, HuntError
 from ..hunt import hunt as run_passes
 from ..tool_registry import ToolError
+from .answers import tolerance_of
 from .runs import show
 
 RECORD_SCHEMA = "opguard.record/1"
@@ -50,6 +51,7 @@ def hunt(args: dict[str, Any]) -> dict[str, Any]:
 
 def run_hunt(args: dict[str, Any], **options: Any) -> Hunt:
     """Both passes of a hunt, from the ``hunt`` tool's arguments."""
+    tolerance = tolerance_of(args["tolerant"], args["noise"])
     try:
         return run_passes(
             Path(args["output"]),
@@ -57,6 +59,7 @@ def run_hunt(args: dict[str, Any], **options: Any) -> Hunt:
             args["b"],
             python=args["python"],
             overwrite=args["overwrite"],
+            tolerance=tolerance,
             ray=args["ray"],
             **options,
         )

@@ -6,6 +6,7 @@ The parts: :mod:`.families` (each op family's bound, and every fact about op nam
 :mod:`.rule` (how differences are judged: the rule, its fallback, a fixed bound), :mod:`.noise`
 (the measured floor of a control run), :mod:`.judge` (the judge the walk asks), :mod:`.sources`
 (where a differing input's values were written), :mod:`.views` (distances through views),
+:mod:`.unmeasured` (tensors whose distance is unknown, judged by what they feed),
 :mod:`.distance` (two sketches' distance), :mod:`.rounding` (an op's unit roundoffs),
 :mod:`.judgement` (what is said of a pair), :mod:`.layout_judge` (runs of other parallel layouts).
 
@@ -30,10 +31,12 @@ distances (:mod:`.distance`) whether rounding explains it:
   comparison flipped by rounded values (counted, reported, explained);
 - with a fixed bound (``--tolerant=REL``) every distance above is compared with ``REL``.
 
-A tensor whose distance is needed and unknown (no sketch: a trace recorded before sketches,
-no finite value; shapes that differ) is never guessed: the op is not explained, and the
-bitwise answer is given for it, saying that the distance is unknown. (A view nothing read is
-bounded where an op that only moves values, a ``stack``, reads it: by its outputs' distance.)
+Unknown is never a verdict: a differing tensor whose distance is unknown (a view in one run,
+whose base's sketch does not give it; no finite value; a trace recorded before sketches) is
+judged by what it feeds. It is taken at what rounding allows the ops that wrote it, and the op
+reading it is judged by its measured outputs; it is listed as not judged, and one nothing
+judged leaves the verdict incomplete where nothing diverged. (A view nothing read is bounded
+where an op that only moves values, a ``stack``, reads it: by its outputs' distance.)
 
 Cost: records are decoded only where fingerprints differ (as the bitwise walk decodes the first
 difference), and each judgement is a few sketch distances; the walk stays linear.

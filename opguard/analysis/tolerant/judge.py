@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from numbers import Real
 from typing import Any
@@ -16,16 +16,57 @@ from ..divergence.model import differing_tensors as differing
 from ..words.verdict import Cause, Kind, Side
 from . import families
 from .distance import EQUAL, Distance, tensor_distance
+from .envelope import EnteringState
 from .families import Bound, divides
-from .judgement import DRIFT_AROUND, Judged, Judgement, Producers, RankTolerance, Reason
+from .judgement import (
+    DRIFT_AROUND,
+    Judged,
+    Judgement,
+    Producers,
+    RankTolerance,
+    Reason,
+    Unjudged,
+)
 from .noise import NoiseFloor
 from .rounding import coarsest, dtype_unit, op_unit, units
 from .rule import ARGUMENT_ROUNDINGS, NOISE_SAFETY, Tolerance
 from .sources import Sources
+from .unmeasured import Unmeasured
 from .views import Distances
 
 # A float an op handed to Python (``.item()``): the value of its input, moved.
 RETURNED = Bound("move", 1.0, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """An input whose distance is unknown, taken at what rounding allows the ops that wrote it
+    (``allowed``; None where nothing bounds it): its ``source`` and ``producers`` as
+    :meth:`Sources.source` gives them, and its note (:class:`~.unmeasured.Unmeasured`)."""
+
+    slot: str
+    why: str
+    source: Reason | None
+    producers: Producers
+    allowed: float | None
+    note: int
+
+
+@dataclass
+class Inputs:
+    """What an aligned pair's differing inputs say: the largest distance (``d_in``), the
+    judgement of one rounding does not explain, the integer/bool inputs that differ, and the
+    inputs whose distance is unknown (``taken``)."""
+
+    d_in: Distance = EQUAL
+    judged: Judgement | None = None
+    discrete: tuple[str, ...] = ()
+    taken: list[Taken] = field(default_factory=list)
+
+    @property
+    def blocked(self) -> bool:
+        """Whether an input is bounded by nothing: the pair's outputs judge nothing then."""
+        return any(t.allowed is None for t in self.taken)
 
 
 class Judge:
@@ -38,16 +79,20 @@ class Judge:
         traces: tuple[RankTrace, RankTrace],
         alignment: Alignment,
         noise: NoiseFloor | None = None,
+        entering: EnteringState | None = None,
     ) -> None:
         self.tolerance = tolerance
         self.traces = traces
         self.alignment = alignment
         self.noise = noise  # --noise: run A's distances from the control run
+        # the state entering the first step recorded op by op, within the step-level envelope
+        self.entering = entering
         self.environments = (traces[0].environment, traces[1].environment)
         self.found = RankTolerance()
         self._first_step: int | None = None
         self.distances = Distances(traces)
-        self.sources = Sources(traces, alignment, self.distances)
+        self.unmeasured = Unmeasured(self.found)
+        self.sources = Sources(traces, alignment, self.distances, self.unmeasured)
 
     def measuring(self, step: int) -> bool:
         """Whether pairs of ``step`` are still judged: before the first divergence, and for
@@ -55,7 +100,9 @@ class Judge:
         return self._first_step is None or step <= self._first_step + DRIFT_AROUND
 
     def judge(self, op_a: OpRecord, op_b: OpRecord) -> Judgement | None:
-        """None when rounding explains the difference of aligned ops ``op_a``/``op_b``."""
+        """None when rounding explains the difference of aligned ops ``op_a``/``op_b``, or
+        when it is judged by what it feeds (:attr:`left_open`)."""
+        self.unmeasured.begin()
         if not _same_shapes(op_a, op_b):
             self.sources.unpair(op_a.index, op_b.index)
             return None
@@ -63,24 +110,30 @@ class Judge:
             return None
         unit = op_unit(op_a, op_b, self.environments)
         judged = self._arguments(op_a, op_b, unit)
-        if judged is None:
-            d_in, judged, discrete = self._inputs(op_a, op_b, unit)
-            if judged is None:
-                judged = self._outputs(op_a, op_b, d_in, unit, discrete)
-        if judged is not None and judged.reason is Reason.UNKNOWN:
-            self.found.unknown_steps.add(op_a.step)
-        return judged
+        if judged is not None:
+            return judged
+        inputs = self._inputs(op_a, op_b, unit, _judges_outputs(op_a, op_b))
+        if inputs.judged is not None or inputs.blocked:
+            return inputs.judged  # blocked: judged by what it feeds (its inputs were noted)
+        judged = self._outputs(op_a, op_b, inputs, unit)
+        return judged if judged is None else self._taken_judgement(judged, inputs.taken)
+
+    @property
+    def left_open(self) -> bool:
+        """Whether the pair judged last left a differing tensor of unknown distance that no
+        measured output judged yet (the walk asks whether its difference reaches anything)."""
+        return self.unmeasured.left_open
+
+    def reached_nothing(self) -> None:
+        """The difference of the pair judged last reached nothing: its open tensors need no
+        judging."""
+        self.unmeasured.reached_nothing()
 
     def divergence(
         self, explainer: Explainer, op_a: OpRecord, op_b: OpRecord, judged: Judgement
     ) -> Divergence:
-        """The first divergence at ``op_a``/``op_b``, classified by what was not explained;
-        an unknown distance gives the bitwise answer."""
+        """The first divergence at ``op_a``/``op_b``, classified by what was not explained."""
         self.found.first, self._first_step = judged, op_a.step
-        if judged.reason is Reason.UNKNOWN:
-            div = explainer.explain(op_a, op_b)
-            div.summary = f"{judged.what}: the bitwise answer — {div.summary}"
-            return div
         view_a, view_b = judged.producers
         if judged.reason is Reason.ARGUMENT and view_a is not None and view_b is not None:
             op_a, op_b = self.traces[0].op(view_a[0]), self.traces[1].op(view_b[0])
@@ -114,9 +167,9 @@ class Judge:
         ta, tb = tensors
         unit = op_unit(op_a, op_b, self.environments)
         distance = self.distances.between(ta, tb)
-        if distance is None:
-            self.found.unknown_steps.add(op_a.step)
-            return _unknown(ta.slot, "output", _why_unknown(ta, tb), unit)
+        if distance is None:  # judged by what reads it, as any tensor whose distance is unknown
+            self._note(op_a, op_b, ta.slot, "output", _why_unknown(ta, tb), None)
+            return None
         self._drift(op_a, distance.estimate)
         judged = self._source_judgement(
             ta.slot, tensors, distance, Reason.STRUCTURE, producers, unit, None, what=what
@@ -138,49 +191,152 @@ class Judge:
             distance = _argument_distance(arg)
             if distance is None or distance > limit:
                 how = (
-                    "not a number rounding changes"
+                    _not_rounded(arg)
                     if distance is None
                     else f"{distance:.2g} relative, more than rounding explains ({limit:.2g})"
                 )
                 return Judgement(Reason.ARGUMENT, None, None, limit, unit, f"a real change: {how}")
         return None
 
-    def _inputs(
-        self, op_a: OpRecord, op_b: OpRecord, unit: float | None
-    ) -> tuple[Distance, Judgement | None, tuple[str, ...]]:
-        """The largest input distance, the judgement of an input that is not explained, and
-        the integer/bool inputs that differ."""
-        d_in: Distance = EQUAL
+    def _inputs(self, op_a: OpRecord, op_b: OpRecord, unit: float | None, judging: bool) -> Inputs:
+        """The pair's differing inputs (:class:`Inputs`). An input whose distance is unknown
+        is not judged: it is taken at what rounding allows the ops that wrote it
+        (:meth:`_allowed`), and noted; where the pair's outputs judge nothing (``judging``
+        False: views, whose values are judged where they are read), it is left to their
+        readers."""
+        found = Inputs()
         discrete: list[str] = []
         for d in differing(op_a.inputs, op_b.inputs):
             ta, tb = d.a, d.b
             if ta is None or tb is None:
-                return EQUAL, _unknown(d.slot, "input", "exists in one run only", unit), ()
+                if judging:
+                    found.taken.append(self._take(op_a, op_b, d.slot, "exists in one run only"))
+                continue
             if ta.is_uninitialized or tb.is_uninitialized:
                 continue  # garbage in both: what it becomes is judged where it is written
             source, producers = self.sources.source(ta, tb)
             if source is Reason.ARGUMENT:
-                judged = self._view_arguments(d.slot, producers)
-                if judged is not None:
-                    return EQUAL, judged, ()
+                found.judged = self._view_arguments(d.slot, producers)
+                if found.judged is not None:
+                    return found
                 source = None
             if not _floating(ta, tb):
                 discrete.append(d.slot)
                 continue
             distance = self.distances.between(ta, tb) or self.distances.bound_by_outputs(
-                op_a, op_b, tb
+                op_a, op_b, ta, tb
             )
+            if distance is None and self.entering is not None:  # a view of that state
+                distance = self.entering.distance((ta, tb))
             if distance is None:
-                return EQUAL, _unknown(d.slot, "input", _why_unknown(ta, tb), unit), ()
-            if source is not None:
-                judged = self._source_judgement(
+                if not judging:
+                    continue
+                taken = self._take(
+                    op_a, op_b, d.slot, _why_unknown(ta, tb), source, producers, (ta, tb)
+                )
+                found.taken.append(taken)
+                if taken.allowed is None:
+                    continue
+                distance = _at_most(taken.allowed)
+            elif source is not None:
+                found.judged = self._source_judgement(
                     d.slot, (ta, tb), distance, source, producers, unit, op_a
                 )
-                if judged is not None:
-                    return EQUAL, judged, ()
-            if d_in.exact or distance.spread > d_in.spread:
-                d_in = distance
-        return d_in, None, tuple(discrete)
+                if found.judged is not None:
+                    return found
+            if found.d_in.exact or distance.spread > found.d_in.spread:
+                found.d_in = distance
+        found.discrete = tuple(discrete)
+        return found
+
+    def _take(
+        self,
+        op_a: OpRecord,
+        op_b: OpRecord,
+        slot: str,
+        why: str,
+        source: Reason | None = None,
+        producers: Producers = (None, None),
+        tensors: tuple[TensorRecord, TensorRecord] | None = None,
+    ) -> Taken:
+        """Input ``slot`` of ``op_a``/``op_b``, whose distance is unknown (``why``), taken
+        at what rounding allows the ops that wrote it, and noted (once: an output already
+        noted unmeasured where it was written keeps its note)."""
+        allowed, note = (
+            self._allowed(source, producers, tensors) if tensors is not None else (None, None)
+        )
+        if note is None:
+            note = self._note(op_a, op_b, slot, "input", why, allowed)
+        return Taken(slot, why, source, producers, allowed, note)
+
+    def _allowed(
+        self,
+        source: Reason | None,
+        producers: Producers,
+        tensors: tuple[TensorRecord, TensorRecord],
+    ) -> tuple[float | None, int | None]:
+        """What rounding allows an input whose distance is unknown, from where its values
+        were written (:meth:`Sources.source`): ops of one run only, what their bounds allow
+        from the aligned tensors they read (rule 2); a leaf, a rounding of its dtype; an
+        aligned pair, its output's distance (the input's values are its output's, selected
+        alike: the views between are aligned and made with the same arguments), or what was
+        taken for that output where it was not measured either, with its note. None where
+        nothing bounds it."""
+        rel = self.tolerance.rel
+        if source is Reason.STRUCTURE:
+            bound = rel if rel is not None else self.sources.region_bound(producers, self._bound_of)
+            return bound, None
+        if source is Reason.LEAF:
+            return self.tolerance.limit(0.0, coarsest(tensors)), None
+        taken = self.unmeasured.taken(producers[0])
+        if taken is not None:
+            return taken
+        written = self.sources.written_distance(producers)
+        return (written.spread if written is not None else None), None
+
+    def _note(
+        self,
+        op_a: OpRecord,
+        op_b: OpRecord,
+        slot: str,
+        role: str,
+        why: str,
+        allowed: float | None,
+    ) -> int:
+        """Notes tensor ``slot`` of ``op_a``/``op_b`` as not judged (before the first
+        divergence: after it only the drift is measured; -1 then)."""
+        if self.found.first is not None:
+            return -1
+        return self.unmeasured.note(Unjudged(op_a.step, (op_a, op_b), slot, role, why, allowed))
+
+    def _taken_judgement(self, judged: Judgement, taken: list[Taken]) -> Judgement:
+        """A pair whose outputs rounding does not explain with an input taken at what
+        rounding allows its writers (its distance unknown): where ops of one run only, or
+        no recorded op, wrote it, the difference may have been made there, before the pair
+        that shows it: those ops are named (``structure``, ``leaf``), the pair as where it
+        was first seen."""
+        named = next(
+            (t for t in taken if t.source is Reason.STRUCTURE),
+            next((t for t in taken if t.source is Reason.LEAF), None),
+        )
+        if named is None or named.source is None or judged.reason is not Reason.AMPLIFIED:
+            return judged
+        assert named.allowed is not None
+        writers = "ops of one run only" if named.source is Reason.STRUCTURE else "no recorded op"
+        what = (
+            f"input '{named.slot}', which {writers} wrote, is not measured ({named.why}); "
+            f"taken at what rounding allows there ({named.allowed:.2g}), the op's {judged.what}"
+        )
+        return replace(
+            judged,
+            reason=named.source,
+            what=what,
+            slot=named.slot,
+            producers=(
+                self.sources.computing(Side.A, named.producers[0]),
+                self.sources.computing(Side.B, named.producers[1]),
+            ),
+        )
 
     def _view_arguments(self, slot: str, producers: Producers) -> Judgement | None:
         """Rule 1 at the aligned view ops that made input ``slot`` (``producers``): other
@@ -211,6 +367,8 @@ class Judge:
         of the ops of one run only that wrote it (:meth:`Sources.region_bound`)."""
         own = coarsest(tensors)
         rel = self.tolerance.rel
+        if source is Reason.LEAF and self.entering and self.entering.holds(tensors):
+            return None  # the training state as the step began: judged at the step level
         if source is Reason.LEAF:
             analytic = self.tolerance.limit(0.0, own)
             what = f"input '{slot}', which no recorded op produced"
@@ -242,37 +400,41 @@ class Judge:
         )
 
     def _outputs(
-        self,
-        op_a: OpRecord,
-        op_b: OpRecord,
-        d_in: Distance,
-        unit: float | None,
-        discrete: tuple[str, ...],
+        self, op_a: OpRecord, op_b: OpRecord, inputs: Inputs, unit: float | None
     ) -> Judgement | None:
-        """Rule 3: each output within its bound; the one most beyond it is named."""
+        """Rule 3: each output within its bound; the one most beyond it is named. An output
+        whose distance is unknown is judged by what reads it: what its bound allows is kept
+        for them (:class:`~.unmeasured.Unmeasured`). The inputs taken at what rounding allows
+        (their distance unknown) are judged here where an output is measured."""
+        d_in, discrete = inputs.d_in, inputs.discrete
         spread = d_in.spread
         positions = {t.slot: at for at, t in enumerate(op_a.outputs)}
         worst: Judgement | None = None
         largest: Distance | None = None
         flips, by_floor = 0, False
+        unmeasured: list[tuple[str, str, int | None, float | None]] = []
         for d in differing(op_a.outputs, op_b.outputs):
             ta, tb = d.a, d.b
             if ta is None or tb is None:
-                return _unknown(d.slot, "output", "exists in one run only", unit, d_in)
+                unmeasured.append((d.slot, "exists in one run only", None, None))
+                continue
             if ta.is_view or tb.is_view:
                 continue  # a view's data is its base's, judged where it is read
+            if ta.is_uninitialized or tb.is_uninitialized:
+                continue  # garbage (of other dtypes): judged where it is written
             if not _floating(ta, tb):
                 flips += 1
                 continue
-            distance = tensor_distance(ta, tb)
-            if distance is None:
-                return _unknown(d.slot, "output", _why_unknown(ta, tb), unit, d_in)
-            if largest is None or distance.estimate > largest.estimate:
-                largest = distance
             found = self._bound(Side.A, (op_a, op_b), ta, tb)
             position = positions[d.slot]
-            measured = self.noise.output(op_a, position) if self.noise is not None else None
             analytic = self._analytic(found, spread)
+            distance = tensor_distance(ta, tb)
+            if distance is None:
+                unmeasured.append((d.slot, _why_unknown(ta, tb), position, analytic))
+                continue
+            if largest is None or distance.estimate > largest.estimate:
+                largest = distance
+            measured = self.noise.output(op_a, position) if self.noise is not None else None
             if distance.estimate <= analytic:
                 continue
             limit, judged_by = self._limit(analytic, measured)
@@ -312,10 +474,20 @@ class Judge:
                 )
         elif op_a.returned != op_b.returned:
             flips += 1
+        taken = tuple(t.note for t in inputs.taken)
         if largest is not None:
             self._drift(op_a, largest.estimate)
+            self.unmeasured.judged(taken, (op_a, op_b))
+        for slot, why, at, allowed in unmeasured:
+            upstream = () if largest is not None else taken
+            note = Unjudged(op_a.step, (op_a, op_b), slot, "output", why, allowed)
+            if self.found.first is None:
+                written = (op_a.index, at) if at is not None else None
+                self.unmeasured.output(note, written, upstream)
         if worst is not None:
             return worst
+        if unmeasured and largest is None:
+            return None  # nothing measured: judged by what reads its outputs
         self.found.explained += 1
         self.found.flips += flips
         self.found.measured += by_floor
@@ -403,33 +575,47 @@ def _same_shapes(op_a: OpRecord, op_b: OpRecord) -> bool:
     ] == [t.shape for t in op_b.outputs]
 
 
+def _judges_outputs(op_a: OpRecord, op_b: OpRecord) -> bool:
+    """Whether the outputs of an aligned pair judge anything: an output that differs and is
+    a view in neither run, or a returned value (a view's values are its base's, judged where
+    they are read)."""
+    views = all(
+        d.a is not None and d.b is not None and (d.a.is_view or d.b.is_view)
+        for d in differing(op_a.outputs, op_b.outputs)
+    )
+    return not views or op_a.returned != op_b.returned
+
+
+def _at_most(allowed: float) -> Distance:
+    """A distance taken at what rounding allows (``allowed``), not measured: equal where
+    rounding allows nothing (values only moved)."""
+    if not allowed:
+        return EQUAL
+    return Distance(allowed, 0.0, allowed, 0.0, None, None, True, bound=True)
+
+
 def _floating(ta: TensorRecord, tb: TensorRecord) -> bool:
     return dtype_unit(ta.dtype) is not None or dtype_unit(tb.dtype) is not None
 
 
 def _why_unknown(ta: TensorRecord, tb: TensorRecord) -> str:
+    """Why two runs' entries of a tensor have no distance, in words."""
     if ta.shape != tb.shape:
-        return f"has other shapes ({list(ta.shape)} vs {list(tb.shape)})"
-    without = [name for name, t in (("A", ta), ("B", tb)) if t.sketch is None]
-    runs = " and ".join(without)
-    return (
-        f"has no sketch in run {runs} (a trace recorded before sketches, no finite value, "
-        "or no readable storage)"
-    )
-
-
-def _unknown(
-    slot: str, role: str, why: str, unit: float | None, d_in: Distance | None = None
-) -> Judgement:
-    return Judgement(
-        Reason.UNKNOWN,
-        None,
-        d_in,
-        None,
-        unit,
-        f"distance unknown: {role} '{slot}' {why}",
-        slot=slot,
-    )
+        return f"other shapes ({list(ta.shape)} vs {list(tb.shape)})"
+    views = [name for name, t in (("A", ta), ("B", tb)) if t.sketch is None and t.is_view]
+    plain = [name for name, t in (("A", ta), ("B", tb)) if t.sketch is None and not t.is_view]
+    parts = []
+    if views:
+        parts.append(
+            f"a view in run {' and '.join(views)} (its values were not read, and its base's "
+            "sketch is keyed in the base's order)"
+        )
+    if plain:
+        parts.append(
+            f"no sketch in run {' and '.join(plain)} (recorded before sketches, no finite "
+            "value, or no readable storage)"
+        )
+    return "; ".join(parts) or "a sketch that estimates nothing (saturated)"
 
 
 def _argument_distance(arg: ArgumentDiff) -> float | None:
@@ -450,10 +636,23 @@ def _value_distance(a: Any, b: Any) -> float | None:
         )
     if a == b and type(a) is type(b):
         return 0.0
-    if not _is_number(a) or not _is_number(b):
-        return None
+    if not _is_number(a) or not _is_number(b) or (_is_integer(a) and _is_integer(b)):
+        return None  # an integer (a slice's bounds, an index) is no rounded value
     scale = max(abs(a), abs(b))
     return abs(a - b) / scale if scale else 0.0
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _not_rounded(arg: ArgumentDiff) -> str:
+    """Why an argument that differs is no rounding, in words."""
+    values = [v for v in (arg.a, arg.b) if v is not None]
+    flat = [x for v in values for x in (v if isinstance(v, (list, tuple)) else [v])]
+    if arg.a_passed and arg.b_passed and flat and all(_is_integer(x) for x in flat):
+        return "rounding changes no integer"
+    return "not a number rounding changes"
 
 
 def _is_number(value: Any) -> bool:

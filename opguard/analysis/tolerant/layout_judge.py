@@ -186,6 +186,13 @@ class LayoutJudge:
             return self._reduced(op_a, op_b, pair)
         return None
 
+    @property
+    def left_open(self) -> bool:
+        return self._judge.left_open
+
+    def reached_nothing(self) -> None:
+        self._judge.reached_nothing()
+
     def divergence(
         self, explainer: Explainer, op_a: OpRecord, op_b: OpRecord, judged: Judgement
     ) -> Divergence:

@@ -12,8 +12,10 @@ from ...store import OpRecord, RankTrace, TensorRecord
 from ..align.moves import Reorders
 from ..divergence.explainer import Alignment
 from ..words.verdict import Side
+from .distance import Distance
 from .families import ESTIMATE, Bound, data_input, moves
 from .judgement import Producer, Producers, Reason
+from .unmeasured import Unmeasured
 from .views import MAX_VIEW_CHAIN, Distances
 
 MAX_REGION = 64  # ops of one run only followed back from an input they wrote
@@ -29,10 +31,12 @@ class Sources:
         traces: tuple[RankTrace, RankTrace],
         alignment: Alignment,
         distances: Distances,
+        unmeasured: Unmeasured,
     ) -> None:
         self.traces = traces
         self.alignment = alignment
         self.distances = distances
+        self.unmeasured = unmeasured
         # Aligned pairs whose tensors have other shapes: not one op in both runs (the
         # alignment paired two ops of one name, as a fused optimizer's one add with a foreach
         # optimizer's other), judged as ops of one run only (indices in A, in B).
@@ -142,27 +146,53 @@ class Sources:
 
     def computing(self, side: Side, producer: Producer | None) -> Producer | None:
         """The op that computed the values ``producer`` wrote: followed back through ops that
-        only move values (views, copies) to the one that made them, the op to name."""
+        only move values (views, copies) to the one that made them, the op to name. An op
+        aligned with one of the other run is in both runs, not the region's: where the walk
+        ends at one (a slice both runs take of data both made), the region's last op of one
+        run only on the way is named."""
+        if producer is None:
+            return None
+        at, named = producer, None
         for _ in range(MAX_VIEW_CHAIN):
-            if producer is None:
-                return None
-            op = self.traces[side.value].op(producer[0])
-            source = data_input(op) if moves(op) else 0 if _is_view(op, producer[1]) else None
-            if source is None or source >= len(op.inputs) or op.inputs[source].producer is None:
-                return producer
-            producer = op.inputs[source].producer
-        return producer
+            if self.partner(side, at[0]) is None:
+                named = at
+            op = self.traces[side.value].op(at[0])
+            source = data_input(op) if moves(op) else 0 if _is_view(op, at[1]) else None
+            written = (
+                op.inputs[source].producer
+                if source is not None and source < len(op.inputs)
+                else None
+            )
+            if written is None:
+                break
+            at = written
+        return at if named is None or self.partner(side, at[0]) is None else named
+
+    def written_distance(self, producers: Producers) -> Distance | None:
+        """The distance of the outputs an aligned pair of ops wrote (``producers``, in A and
+        in B); None where they are not one op in both runs or it is not measured."""
+        pa, pb = producers
+        if pa is None or pb is None or not self.paired(pa[0], pb[0]):
+            return None
+        out_a, out_b = self.traces[0].op(pa[0]).outputs, self.traces[1].op(pb[0]).outputs
+        if not (0 <= pa[1] < len(out_a) and 0 <= pb[1] < len(out_b)):
+            return None
+        return self.distances.between(out_a[pa[1]], out_b[pb[1]])
 
     def _aligned_distance(self, side: Side, index: int, other: int) -> float:
-        """The largest distance between the outputs of an aligned pair (0 where unknown: the
-        region's bound is then only what the region's own rounding explains)."""
+        """The largest distance between the outputs of an aligned pair: what was taken for
+        an output whose distance is unknown (:class:`~.unmeasured.Unmeasured`), 0 where
+        nothing was (the region's bound is then only what the region's own rounding
+        explains)."""
         mine, theirs = self.traces[side.value].op(index), self.traces[1 - side.value].op(other)
         ops = (mine, theirs) if side is Side.A else (theirs, mine)
         largest = 0.0
-        for ta, tb in zip(ops[0].outputs, ops[1].outputs, strict=False):
+        for slot, (ta, tb) in enumerate(zip(ops[0].outputs, ops[1].outputs, strict=False)):
             distance = self.distances.between(ta, tb)
             if distance is not None:
                 largest = max(largest, distance.spread)
+            elif (taken := self.unmeasured.taken((ops[0].index, slot))) is not None:
+                largest = max(largest, taken[0])
         return largest
 
 

@@ -22,22 +22,27 @@ class Distances:
         """Two runs' entries' distance, from their sketches or their bases'."""
         return tensor_distance(ta, tb) or self._through_views(ta, tb)
 
-    def bound_by_outputs(self, op_a: OpRecord, op_b: OpRecord, tb: TensorRecord) -> Distance | None:
+    def bound_by_outputs(
+        self, op_a: OpRecord, op_b: OpRecord, ta: TensorRecord, tb: TensorRecord
+    ) -> Distance | None:
         """The distance of an input that has none (a view nothing read, so without a sketch of
         its own: a math attention's transposed gradient) bounded by the outputs of the aligned
         op that moves it (a ``stack``): they hold the input's difference, so it is at most
-        theirs, taken relative to the input's norm in run B. None where that is not known."""
+        theirs, taken relative to the input's norm in the run where it has one (A's first).
+        None where that is not known."""
         moved = keeps_every_value(op_a) and keeps_every_value(op_b) and op_a.outputs
-        if not moved or tb.sketch is None or not tb.sketch.norm:
+        norm = next((t.sketch.norm for t in (ta, tb) if t.sketch is not None), None)
+        if not moved or not norm:
             return None
-        norm, estimate, high = tb.sketch.norm, 0.0, 0.0
+        estimate, high = 0.0, 0.0
         for oa, ob in zip(op_a.outputs, op_b.outputs, strict=False):
             output = self.between(oa, ob)
             if output is None:
                 return None
             scale = (output.norm_a or 0.0) / norm  # 0 for equal outputs
             estimate, high = max(estimate, output.estimate * scale), max(high, output.high * scale)
-        return Distance(estimate, 0.0, high, 0.0, None, norm, True, bound=True)
+        norm_a, norm_b = (norm, None) if ta.sketch is not None else (None, norm)
+        return Distance(estimate, 0.0, high, 0.0, norm_a, norm_b, True, bound=True)
 
     def _through_views(self, ta: TensorRecord, tb: TensorRecord) -> Distance | None:
         """Two views' distance as their bases'. A view's fingerprint is derived from its

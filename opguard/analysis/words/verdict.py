@@ -61,8 +61,9 @@ class Words:
     """How a cause is said. ``summary``: an op-level verdict's one line (the CLI report, the
     TUI header, the JSON's ``summary``); ``reading``: the offline reading's finding about it
     (the agent's evidence, ``opguard explain``); ``state``: what a step-level verdict says
-    (which part of the step differs). All are templates: the fields in braces are filled by
-    the code that knows them. A cause has op-level words, step-level words, or both."""
+    (which part of the step differs; ``{alike}`` is how the entries before it compare, ``equal``
+    or ``within rounding``, and ``{beyond}`` says ``beyond rounding`` under ``--tolerant``). All
+    are templates: the fields in braces are filled by the code that knows them. A cause has op-level words, step-level words, or both."""
 
     summary: str = ""
     reading: str = ""
@@ -83,8 +84,8 @@ WORDS: dict[Cause, Words] = {
         "random op {where} consumed a different RNG state (seed or generator changed)",
         "random op with a different RNG state: {op}; its inputs and arguments are equal, so the "
         "seed (torch.manual_seed, generator) or the random draws made before it differ",
-        "everything else equal, an RNG state differs: step {step} drew a different number of "
-        "random values, or the generator was seeded differently",
+        "everything else {alike}, an RNG state differs: step {step} drew a different number "
+        "of random values, or the generator was seeded differently",
     ),
     Cause.LEAF: Words(
         "input '{slot}' of {op} at {site} differs and no recorded op produced it (data, "
@@ -123,15 +124,18 @@ WORDS: dict[Cause, Words] = {
         "order; {seen}",
     ),
     Cause.LOSS: Words(
-        state="the loss differs: the forward of step {step} (or the loss computed from it)"
+        state="the loss differs{beyond}: the forward of step {step} (or the loss computed from it)"
     ),
-    Cause.GRADIENT: Words(state="the gradients differ: the forward or backward of step {step}"),
+    Cause.GRADIENT: Words(
+        state="the gradients differ{beyond}: the forward or backward of step {step}"
+    ),
     Cause.OPTIMIZER: Words(
-        state="gradients equal, {what} differ: the optimizer step of step {step}"
+        state="gradients {alike}, {what} differ{beyond}: the optimizer step of step {step}"
     ),
     Cause.BUFFER: Words(
-        state="loss, gradients, parameters and optimizer states equal, a buffer differs: what "
-        "updates it in step {step} (a norm layer's running statistics, in the forward)"
+        state="loss, gradients, parameters and optimizer states {alike}, a buffer differs"
+        "{beyond}: what updates it in step {step} (a norm layer's running statistics, in the "
+        "forward)"
     ),
 }
 

@@ -40,7 +40,7 @@ RAY, RAY_AUTO = str(RAY_PARAM.flag), str(RAY_PARAM.bare)
 
 
 def add_tolerant(parser: argparse.ArgumentParser) -> None:
-    """``--tolerant[=REL]`` (``opguard diff``, ``opguard explain``, ``opguard tui``), with what
+    """``--tolerant[=REL]`` (``opguard diff``, ``hunt``, ``explain``, ``tui``), with what
     only the command line needs said: a run after it is not its value (parse_command_line);
     and its ``--noise CONTROL``, as the diff tool declares both."""
     action = TOLERANT_PARAM.add_to(parser, "tolerant")

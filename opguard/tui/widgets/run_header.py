@@ -37,10 +37,16 @@ class RunHeader(Static):
         elif diff is None:
             text.append(" COMPARING… ", style="bold black on yellow")
         elif not diff.diverged:  # identical, (--tolerant) within rounding, or incomplete
-            colour = "yellow" if diff.unread else "green"
+            colour = "yellow" if diff.verdict == "incomplete" else "green"
             text.append(f" {diff.verdict.upper()} ", style=f"bold black on {colour}")
             for name, why in diff.unread:
                 text.append(f"  run {name} could not be read further ({why})", style="yellow")
+            if diff.judged_by_nothing:
+                text.append(
+                    f"  {diff.judged_by_nothing} differing tensor(s) of unknown distance "
+                    "judged by nothing",
+                    style="yellow",
+                )
         else:
             text.append(f" {diff.verdict.upper()} ", style="bold white on red")
             first = diff.first or diff.state_first
@@ -87,7 +93,12 @@ class RunHeader(Static):
 def within_rounding(found: RankTolerance) -> str:
     """What the header says of a rank whose differences rounding explains, all of them."""
     flips = f", {found.flips} of them integer/bool flips" if found.flips else ""
-    return f"{found.explained} differing aligned op(s) explained by rounding{flips}"
+    unjudged = (
+        f"; {found.unjudged_count} tensor(s) of unknown distance judged by what they feed"
+        if found.unjudged_count
+        else ""
+    )
+    return f"{found.explained} differing aligned op(s) explained by rounding{flips}{unjudged}"
 
 
 def op_position(step: int | None, steps: Sequence[int], taken: int) -> str:
