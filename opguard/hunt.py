@@ -37,12 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .analysis import RunDiff, diff_runs
+from .analysis import RunDiff
 from .analysis.contract import to_json
 from .analysis.state_diff import StepDivergence, window_switches
 from .analysis.tolerant.rule import Tolerance
 from .children import refusal
-from .store import Run
+from .distributed.driver import compare_runs
 
 SCHEMA = "opguard.hunt/1"
 # What a brief answer keeps of each diff's object: the diff tool on the runs gives the rest.
@@ -103,13 +103,16 @@ class Recording:
 
 @dataclass(frozen=True)
 class Hunter:
-    """What to record: both runs' targets, where, and under which interpreter."""
+    """What to record: both runs' targets, where, and under which interpreter; and how to
+    compare each pass's recordings."""
 
     directory: Path
     targets: dict[str, list[str]]  # "a"/"b": opguard record's target words
     python: str | None = None
     overwrite: bool = False
     progress: Progress | None = None
+    tolerance: Tolerance | None = None  # --tolerant: the envelope, then the op-level rule
+    ray: str | None = None  # the diffs on that Ray cluster (opguard.distributed)
 
     def record(
         self, run: str, kind: str, switches: list[str], step: int | None = None
@@ -135,6 +138,13 @@ class Hunter:
             raise HuntError(_failure(rec, how, code))
         return rec
 
+    def diff(self, a: Recording, b: Recording) -> RunDiff:
+        """Both runs' recordings of one pass compared (under the tolerance, on the Ray
+        cluster, with ``ray``)."""
+        return compare_runs(
+            str(a.path), str(b.path), ray=self.ray, tolerance=self.tolerance, report=self.progress
+        )
+
 
 def _failure(rec: Recording, how: str, code: int) -> str:
     """One line: which run failed in which pass, why when OpGuard said why, and where its
@@ -144,12 +154,6 @@ def _failure(rec: Recording, how: str, code: int) -> str:
     if said is not None:  # opguard record refused it
         return f"{run}: {said} (output: {rec.log})"
     return f"{run} failed while recorded {how} (exit status {code}); its output: {rec.log}"
-
-
-def _diff(recordings: list[Recording], tolerance: Tolerance | None) -> RunDiff:
-    a, b = recordings
-    with Run(a.path) as run_a, Run(b.path) as run_b:
-        return diff_runs(run_a, run_b, tolerance=tolerance)
 
 
 def _entry(div: StepDivergence) -> str:
@@ -297,11 +301,12 @@ def hunt(
     overwrite: bool = False,
     progress: Progress | None = None,
     tolerance: Tolerance | None = None,
+    ray: str | None = None,
 ) -> Hunt:
     """Both passes: both runs at step level, then, if they differ (beyond the rounding envelope
-    under a ``tolerance``), both again op by op in the first such step. Raises
-    :class:`HuntError` (one line) for bad input and failed recordings, and the store's
-    ``TraceError`` for traces the diff cannot read."""
+    under a ``tolerance``), both again op by op in the first such step; ``ray``: each pass's
+    diff on that Ray cluster. Raises :class:`HuntError` (one line) for bad input and failed
+    recordings, and the store's ``TraceError`` for traces the diff cannot read."""
     targets = {"a": target_words(target_a, "--a"), "b": target_words(target_b, "--b")}
     if not overwrite:  # before the first recording, not after it
         for kind in PASSES:
@@ -312,16 +317,16 @@ def hunt(
                         f"{path} exists (an earlier hunt?): pass --overwrite to replace it"
                     )
     directory.mkdir(parents=True, exist_ok=True)
-    hunter = Hunter(directory, targets, python, overwrite, progress)
+    hunter = Hunter(directory, targets, python, overwrite, progress, tolerance, ray)
     if tolerance is not None and tolerance.noise is not None and not Path(tolerance.noise).is_dir():
         raise HuntError(f"--noise {tolerance.noise}: no such run directory")
     steps = [hunter.record(run, STEP_PASS, ["--steps-only"]) for run in targets]
-    result = Hunt(directory, _diff(steps, tolerance), steps, tolerance=tolerance)
+    result = Hunt(directory, hunter.diff(*steps), steps, tolerance=tolerance)
     found = result.found
     if found is None:
         return result
     switches = window_switches(found.step)
     windows = [hunter.record(run, WINDOW_PASS, switches, found.step) for run in targets]
     result.recordings += windows
-    result.op_level = _diff(windows, tolerance)
+    result.op_level = hunter.diff(*windows)
     return result

@@ -189,3 +189,31 @@ def test_the_import_hook_sees_imports(tmp_path: Path) -> None:
         tmp_path,
     )
     assert [name for name, _ in outcome["attempts"]] == ["rich"]
+
+
+def test_the_diff_imports_no_ray_and_says_how_to_install_it_for_ray(
+    small_run: Path, tmp_path: Path
+) -> None:
+    """The one-machine diff is the default and never loads Ray; ``--ray`` where Ray is not
+    installed is one line naming the extra to install (exit 2)."""
+    plain = cli_without(["ray"], [["diff", str(small_run), str(small_run)]], tmp_path)
+    assert plain["codes"] == [0]
+    assert plain["attempts"] == [], _explain(plain)
+    outcome = run_guarded(
+        ["ray"],
+        f"""
+        import contextlib, io
+        from opguard.cli import main
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                main(["diff", {str(small_run)!r}, {str(small_run)!r}, "--ray"])
+            except SystemExit as exc:
+                code = exc.code
+        report(code=code, err=err.getvalue())
+        """,
+        tmp_path,
+    )
+    assert outcome["code"] == 2
+    assert outcome["err"].count("\n") == 1, outcome["err"]
+    assert "pip install 'opguard[ray]'" in outcome["err"]

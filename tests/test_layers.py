@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("opguard.analysis.result",),
     ("opguard.analysis.diff",),
     ("opguard.analysis", "opguard.analysis.contract", "opguard.analysis.browse"),
+    ("opguard.distributed",),
     ("opguard.recorder", "opguard.hunt", "opguard.tool_registry"),
     ("opguard.report",),
     ("opguard.agent",),

@@ -349,6 +349,7 @@ def to_json(result: RunDiff) -> dict[str, Any]:
             for name, why in r.unread
         ],
         "scope": result.scope() or None,
+        "ranks_not_compared": [{"rank": k, "why": why} for k, why in result.not_compared],
     }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,6 +54,7 @@ def diff_rank(
     tolerance: Tolerance | None = None,
     layout: tuple[int, int] | None = None,
     control: RankTrace | None = None,
+    states: StateComparison | None = None,
 ) -> RankDiff:
     """One rank of both runs: op by op where both recorded ops, step by step where either run
     recorded step-level records only; the step-level records, where both runs hold them, are
@@ -65,22 +66,25 @@ def diff_rank(
     the rank of shapes, and tensors compare by logical value (:mod:`.tolerant.layout_judge`;
     their step-level records are compared bit for bit). ``control`` (with a tolerance): this
     rank of a control run of run A's script, whose distances from run A are the measured noise
-    floor (:mod:`.tolerant.noise`) and the step-level envelope."""
+    floor (:mod:`.tolerant.noise`) and the step-level envelope. ``states``: the step-level
+    records' comparison bit for bit, already made by a first pass over every rank
+    (:func:`states_first`; a comparison without a tolerance: under one the envelope judges
+    the states as the ops are judged, in this one pass)."""
     envelope = None
     if tolerance is not None and layout is None:
         envelope = StepEnvelope(tolerance, control)
     if by_steps_only(trace_a, trace_b):
-        result = _diff_steps_only(trace_a, trace_b, step, envelope)
+        result = _diff_steps_only(trace_a, trace_b, step, envelope, states)
         if tolerance is not None and envelope is None:
             result.notes.append(
                 "--tolerant across parallel layouts judges op records: this rank holds "
                 "step-level records only, compared bit for bit"
             )
         return result
-    states = None
     entering = None
     if trace_a.has_steps and trace_b.has_steps:
-        states = compare_states(trace_a, trace_b, step=step, envelope=envelope)
+        if states is None:
+            states = compare_states(trace_a, trace_b, step=step, envelope=envelope)
         entering = _entering(trace_a, trace_b, states) if envelope is not None else None
     result = _diff_ops(trace_a, trace_b, step, tolerance, layout, control, entering)
     if states is not None:
@@ -118,10 +122,14 @@ def by_steps_only(trace_a: RankTrace, trace_b: RankTrace) -> bool:
 
 
 def _diff_steps_only(
-    trace_a: RankTrace, trace_b: RankTrace, step: int | None, envelope: StepEnvelope | None
+    trace_a: RankTrace,
+    trace_b: RankTrace,
+    step: int | None,
+    envelope: StepEnvelope | None,
+    states: StateComparison | None,
 ) -> RankDiff:
     """A rank where a run recorded no ops (``--steps-only``): its step-level records alone
-    (under ``--tolerant``, by the rounding ``envelope``)."""
+    (under ``--tolerant``, by the rounding ``envelope``; ``states``: as :func:`diff_rank`'s)."""
     traces = (("A", trace_a), ("B", trace_b))
     for (name, trace), (other, _) in zip(traces, traces[::-1], strict=True):
         if not trace.has_steps:
@@ -129,18 +137,56 @@ def _diff_steps_only(
                 f"rank {trace.rank}: run {name} holds no step-level records and run {other} no "
                 "op records: nothing to compare (record both runs the same way)"
             )
-    result = RankDiff(rank=trace_a.rank, ops_compared=False)
-    result.count_a, result.count_b = count_steps(trace_a), count_steps(trace_b)
-    result.states = compare_states(trace_a, trace_b, step=step, envelope=envelope)
-    result.notes.extend(result.states.notes)
     with_ops = [name for name, trace in traces if len(trace)]
-    if with_ops:
-        result.notes.append(
+    note = (
+        [
             f"run {with_ops[0]} holds op records, the other run step-level records only: "
             "compared step by step"
-        )
+        ]
+        if with_ops
+        else []
+    )
+    return _by_states(
+        trace_a,
+        trace_b,
+        states
+        if states is not None
+        else compare_states(trace_a, trace_b, step=step, envelope=envelope),
+        note,
+    )
+
+
+def _by_states(
+    trace_a: RankTrace, trace_b: RankTrace, states: StateComparison, notes: list[str]
+) -> RankDiff:
+    """A rank's diff made of its step-level records' comparison alone, with ``notes``."""
+    result = RankDiff(rank=trace_a.rank, ops_compared=False)
+    result.count_a, result.count_b = count_steps(trace_a), count_steps(trace_b)
+    result.states = states
+    result.notes.extend([*states.notes, *notes])
     _end_of_reading(result, trace_a, trace_b)
     return result
+
+
+def states_first(
+    trace_a: RankTrace, trace_b: RankTrace, step: int | None
+) -> StateComparison | None:
+    """The first pass of a comparison in two passes, over a rank that both runs recorded op
+    by op and at step level: its step-level records alone, compared bit for bit (None for any
+    other rank, which :func:`diff_rank` compares whole in one pass, as it does every rank
+    under a tolerance: the envelope judges the states with the ops). Where no rank's state
+    differs the op records of every rank are compared after it; where some do, only theirs
+    (the ranks the divergence reached: its origin and its receivers), and the others' diff is
+    :func:`states_alone`."""
+    if by_steps_only(trace_a, trace_b) or not (trace_a.has_steps and trace_b.has_steps):
+        return None
+    return compare_states(trace_a, trace_b, step=step)
+
+
+def states_alone(trace_a: RankTrace, trace_b: RankTrace, states: StateComparison) -> RankDiff:
+    """The diff of a rank whose op records were left uncompared after :func:`states_first`
+    (its state never differed, so the divergence did not reach it): its step-level records'."""
+    return _by_states(trace_a, trace_b, states, [])
 
 
 def _before_the_ops(result: RankDiff) -> list[str]:
@@ -447,40 +493,115 @@ def diff_runs(
     step: int | None = None,
     tolerance: Tolerance | None = None,
 ) -> RunDiff:
-    pairs = compared_ranks(run_a, run_b, rank, tolerance)
+    pairs = compared_ranks(run_a.ranks, run_b.ranks, rank, tolerance)
     if tolerance is not None and tolerance.noise is not None:
-        _check_control(tolerance.noise, pairs)
+        with Run(tolerance.noise) as control:
+            check_control(tolerance.noise, control.ranks, pairs)
     if len(pairs) == 1:
-        (pair,) = pairs
-        trace_a, trace_b = run_a.rank(pair.rank_a), run_b.rank(pair.rank_b)
         with _control(tolerance) as control:
-            results = [
-                diff_rank(
-                    trace_a,
-                    trace_b,
-                    step=step,
-                    tolerance=tolerance,
-                    layout=pair.layout,
-                    control=control.rank(pair.rank_a) if control is not None else None,
-                )
-            ]
+            outcomes = [compare_pair(run_a, run_b, pairs[0], step, tolerance, control)]
     else:
-        results = _diff_in_parallel(str(run_a.path), str(run_b.path), pairs, step, tolerance)
+        outcomes = _diff_in_parallel(str(run_a.path), str(run_b.path), pairs, step, tolerance)
+    return run_diff_of(
+        (str(run_a.path), str(run_b.path)),
+        (run_a.meta, run_b.meta),
+        (run_a.ranks, run_b.ranks),
+        pairs,
+        outcomes,
+        rank=rank,
+        step=step,
+        tolerance=tolerance,
+    )
+
+
+@dataclass
+class RankOutcome:
+    """One pair of ranks compared: its diff, and what the checks of the whole run need to
+    know of its traces, read beside them (whoever gathers the outcomes reads no trace: a
+    process pool's parent, or the driver of a comparison on a cluster's nodes)."""
+
+    result: RankDiff
+    # With --step, where this rank did not compare the step: whether each run holds it.
+    held_step: tuple[bool, bool] | None = None
+    # Where runs that kept ops of some steps only compared none here: the steps each holds.
+    ops_held: str | None = None
+
+
+def compare_pair(
+    run_a: Run,
+    run_b: Run,
+    pair: RankPair,
+    step: int | None,
+    tolerance: Tolerance | None,
+    control: Run | None,
+    states: StateComparison | None = None,
+) -> RankOutcome:
+    """:func:`diff_rank` of one pair of ranks (``states``: as there), with the facts
+    :func:`run_diff_of` needs of their traces."""
+    trace_a, trace_b = run_a.rank(pair.rank_a), run_b.rank(pair.rank_b)
+    result = diff_rank(
+        trace_a,
+        trace_b,
+        step=step,
+        tolerance=tolerance,
+        layout=pair.layout,
+        control=control.rank(pair.rank_a) if control is not None else None,
+        states=states,
+    )
+    return outcome_of(result, trace_a, trace_b, step)
+
+
+def outcome_of(
+    result: RankDiff, trace_a: RankTrace, trace_b: RankTrace, step: int | None
+) -> RankOutcome:
+    """``result`` with the facts of its traces that :func:`run_diff_of` checks."""
+    outcome = RankOutcome(result)
+    if step is not None and not _compared(result, step):
+        outcome.held_step = (_has_step(trace_a, step), _has_step(trace_b, step))
+    limited = op_level_limits(trace_a.meta) or op_level_limits(trace_b.meta)
+    if limited and not result.steps and not (trace_a.has_steps and trace_b.has_steps):
+        outcome.ops_held = ops_held(trace_a, trace_b)
+    return outcome
+
+
+def run_diff_of(
+    paths: tuple[str, str],
+    metas: tuple[dict[str, Any], dict[str, Any]],
+    ranks: tuple[Sequence[int], Sequence[int]],
+    pairs: Sequence[RankPair],
+    outcomes: Sequence[RankOutcome],
+    *,
+    rank: int | None,
+    step: int | None,
+    tolerance: Tolerance | None,
+    not_compared: Sequence[tuple[int, str]] = (),
+) -> RunDiff:
+    """The comparison of two runs from its ranks' outcomes: refused where nothing was
+    compared (a step no rank holds, no common step of runs that kept ops of some steps, no op
+    in common); ``ranks``: the ranks each run recorded, ``pairs`` those compared
+    (:func:`compared_ranks`), ``outcomes`` theirs; ``not_compared``: ranks whose traces
+    could not be reached, and why (a comparison on a cluster: a node lost)."""
+    results = [o.result for o in outcomes]
+    if not results:
+        raise TraceError(
+            "no rank could be compared: "
+            + "; ".join(f"rank {k}: {why}" for k, why in not_compared[:3])
+            + (f" (and {len(not_compared) - 3} more)" if len(not_compared) > 3 else "")
+        )
     if step is not None and not any(_compared(r, step) for r in results):
         # Nothing compared is not "identical": say which run lacks the step.
         has = [
             name
-            for name, r, side in (("A", run_a, 0), ("B", run_b, 1))
-            if any(_has_step(r.rank(p.ranks[side]), step) for p in pairs)
+            for side, name in enumerate("AB")
+            if any(o.held_step is not None and o.held_step[side] for o in outcomes)
         ]
         where = f"only in run {has[0]}" if len(has) == 1 else "in neither run"
         raise TraceError(f"step {step} was recorded {where}: nothing to compare")
-    if (op_level_limits(run_a.meta) or op_level_limits(run_b.meta)) and not any(
+    if (op_level_limits(metas[0]) or op_level_limits(metas[1])) and not any(
         r.steps for r in results
     ):
-        trace_a, trace_b = run_a.rank(pairs[0].rank_a), run_b.rank(pairs[0].rank_b)
-        if not (trace_a.has_steps and trace_b.has_steps):  # else their step-level records
-            held = ops_held(trace_a, trace_b)
+        held = outcomes[0].ops_held
+        if held is not None:  # else their step-level records were compared
             raise TraceError(f"the runs hold ops of no common step ({held}): nothing to compare")
     for r in results:
         if r.aligned == 0 and r.only_a and r.only_b:
@@ -491,14 +612,15 @@ def diff_runs(
             )
     compared_all = rank is None and pairs[0].layout is None  # across layouts: every rank
     return RunDiff(
-        str(run_a.path),
-        str(run_b.path),
-        run_a.meta,
-        run_b.meta,
+        paths[0],
+        paths[1],
+        metas[0],
+        metas[1],
         results,
-        only_in_a=sorted(set(run_a.ranks) - set(run_b.ranks)) if compared_all else [],
-        only_in_b=sorted(set(run_b.ranks) - set(run_a.ranks)) if compared_all else [],
+        only_in_a=sorted(set(ranks[0]) - set(ranks[1])) if compared_all else [],
+        only_in_b=sorted(set(ranks[1]) - set(ranks[0])) if compared_all else [],
         tolerance=tolerance,
+        not_compared=sorted(not_compared),
     )
 
 
@@ -521,31 +643,30 @@ class RankPair:
 
 
 def compared_ranks(
-    run_a: Run, run_b: Run, rank: int | None, tolerance: Tolerance | None
+    ranks_a: Sequence[int], ranks_b: Sequence[int], rank: int | None, tolerance: Tolerance | None
 ) -> list[RankPair]:
     """The ranks compared: rank by rank (``rank`` alone when given); with a tolerance, runs
     whose world sizes differ by a layout's degree (TP=N against TP=1) pair each rank of the
     larger run with the single rank of the other (``rank``: of the larger run)."""
-    degree = layout_degree(run_a.ranks, run_b.ranks) if tolerance is not None else None
-    paired = rank_pairs(run_a.ranks, run_b.ranks) if degree is not None and degree > 1 else None
+    degree = layout_degree(ranks_a, ranks_b) if tolerance is not None else None
+    paired = rank_pairs(ranks_a, ranks_b) if degree is not None and degree > 1 else None
     if degree is not None and paired is not None:
-        wide = 0 if len(run_a.ranks) > len(run_b.ranks) else 1
+        wide = 0 if len(ranks_a) > len(ranks_b) else 1
         found = [
             RankPair(a, b, (degree, (a, b)[wide]))
             for a, b in paired
             if rank is None or (a, b)[wide] == rank
         ]
         if not found:
-            ranks = (run_a.ranks, run_b.ranks)[wide]
+            ranks = (ranks_a, ranks_b)[wide]
             raise TraceError(f"rank {rank} is not in run {'AB'[wide]} (ranks {ranks})")
         return found
     if rank is not None:
         return [RankPair(rank, rank)]
-    ranks = sorted(set(run_a.ranks) & set(run_b.ranks))
+    ranks = sorted(set(ranks_a) & set(ranks_b))
     if not ranks:
         raise TraceError(
-            f"no rank recorded in both runs (A: {run_a.ranks or 'none'}, "
-            f"B: {run_b.ranks or 'none'})"
+            f"no rank recorded in both runs (A: {ranks_a or 'none'}, B: {ranks_b or 'none'})"
         )
     return [RankPair(k, k) for k in ranks]
 
@@ -556,7 +677,7 @@ def _diff_in_parallel(
     pairs: list[RankPair],
     step: int | None,
     tolerance: Tolerance | None,
-) -> list[RankDiff]:
+) -> list[RankOutcome]:
     """One process per rank (as many at a time as there are cores): ranks are independent
     until their roles are compared, and a large job's traces take long to walk one by one.
     Spawned, not forked: a forked child would share the parent's LMDB handles and threads."""
@@ -569,17 +690,10 @@ def _diff_in_parallel(
 
 def _diff_rank_of(
     path_a: str, path_b: str, pair: RankPair, step: int | None, tolerance: Tolerance | None
-) -> RankDiff:
-    """:func:`diff_rank` in a worker process, which opens the traces itself."""
+) -> RankOutcome:
+    """:func:`compare_pair` in a worker process, which opens the traces itself."""
     with Run(path_a) as run_a, Run(path_b) as run_b, _control(tolerance) as control:
-        return diff_rank(
-            run_a.rank(pair.rank_a),
-            run_b.rank(pair.rank_b),
-            step=step,
-            tolerance=tolerance,
-            layout=pair.layout,
-            control=control.rank(pair.rank_a) if control is not None else None,
-        )
+        return compare_pair(run_a, run_b, pair, step, tolerance, control)
 
 
 @contextmanager
@@ -592,14 +706,14 @@ def _control(tolerance: Tolerance | None) -> Iterator[Run | None]:
         yield control
 
 
-def _check_control(path: str, pairs: list[RankPair]) -> None:
-    """Refuses a control run that lacks a rank of run A that is compared (one line)."""
-    with Run(path) as control:
-        missing = sorted({p.rank_a for p in pairs} - set(control.ranks))
+def check_control(path: str, ranks: Sequence[int], pairs: list[RankPair]) -> None:
+    """Refuses a control run (at ``path``, holding ``ranks``) that lacks a rank of run A that
+    is compared (one line)."""
+    missing = sorted({p.rank_a for p in pairs} - set(ranks))
     if missing:
         raise TraceError(
             f"--noise {path}: the control run has no rank {missing[0]} (ranks "
-            f"{control.ranks or 'none'}): record it as run A was recorded"
+            f"{list(ranks) or 'none'}): record it as run A was recorded"
         )
 
 

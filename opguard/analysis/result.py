@@ -22,8 +22,9 @@ from .tolerant.rule import Tolerance
 
 # The verdicts, and the exit status each gives ``opguard diff`` and ``explain`` (2: an error).
 # ``incomplete``: nothing differed in what could be read, and a run could not be read to its
-# end (a damaged record), or with --tolerant a difference whose distance is unknown was judged
-# by nothing: never a verdict of equality.
+# end (a damaged record), a rank could not be compared (--ray: its node lost), or with
+# --tolerant a difference whose distance is unknown was judged by nothing: never a verdict of
+# equality.
 EXIT_STATUS = {"identical": 0, "within-rounding": 0, "diverged": 1, "incomplete": 3}
 
 
@@ -36,6 +37,18 @@ def verdict_of(diverged: bool, tolerant: bool, differs: bool, incomplete: bool) 
     if incomplete:
         return "incomplete"
     return "within-rounding" if tolerant and differs else "identical"
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """``rank 3``, ``ranks 0-3, 7``: ranks in order, runs of consecutive ones as ranges."""
+    runs: list[list[int]] = []
+    for k in sorted(ranks):
+        if runs and runs[-1][1] == k - 1:
+            runs[-1][1] = k
+        else:
+            runs.append([k, k])
+    parts = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(parts)}"
 
 
 @dataclass
@@ -180,17 +193,33 @@ class RunDiff:
     only_in_b: list[int] = field(default_factory=list)
     # --tolerant: how differences were judged (None: bit for bit)
     tolerance: Tolerance | None = None
+    # Ranks whose traces could not be read where they are (compared on a cluster's nodes: a
+    # node lost, a trace missing or damaged on its node), and why: listed, not compared.
+    not_compared: list[tuple[int, str]] = field(default_factory=list)
+    # Ranks whose op records were left uncompared after a first pass over every rank's
+    # step-level records found their state equal (the divergence did not reach them:
+    # opguard.distributed compares op by op only the ranks it reached).
+    by_states_only: list[int] = field(default_factory=list)
 
     @property
     def uncompared(self) -> list[str]:
-        """One line per rank recorded in one run only."""
+        """One line per rank recorded in one run only or not compared, and one for the ranks
+        compared by their step-level records only."""
         compared = len(self.ranks)
         sizes = f"{compared + len(self.only_in_a)} vs {compared + len(self.only_in_b)}"
-        return [
+        lines = [
             f"rank {k} was recorded only in run {name} (ranks {sizes}): not compared"
             for name, only in (("A", self.only_in_a), ("B", self.only_in_b))
             for k in only
         ]
+        lines += [f"rank {k}: not compared: {why}" for k, why in self.not_compared]
+        if self.by_states_only:
+            lines.append(
+                f"op level: {ranks_text(self.by_states_only)} compared by their step-level "
+                "records only: their state never differed, so the divergence did not reach them "
+                "(their op records were not read)"
+            )
+        return lines
 
     @property
     def notes(self) -> list[str]:
@@ -247,14 +276,16 @@ class RunDiff:
 
     @property
     def incomplete(self) -> bool:
-        """Whether reading a run stopped before its end where the comparison reached it, or
-        (--tolerant) a difference whose distance is unknown was judged by nothing."""
-        return any(r.unread or r.judged_by_nothing for r in self.ranks)
+        """Whether reading a run stopped before its end where the comparison reached it, a
+        rank could not be compared at all, or (--tolerant) a difference whose distance is
+        unknown was judged by nothing."""
+        return any(r.unread or r.judged_by_nothing for r in self.ranks) or bool(self.not_compared)
 
     def scope(self) -> str:
         """What the verdict covers where it is not the whole of both runs, in words (empty
         otherwise): the steps compared, which run could not be read further or did not
-        finish, and (--tolerant) how many differences were judged by nothing."""
+        finish, the ranks not compared, and (--tolerant) how many differences were judged by
+        nothing."""
         unjudged = sum(r.judged_by_nothing for r in self.ranks)
         cut = [
             *(
@@ -273,6 +304,11 @@ class RunDiff:
             *(
                 f"run {name} did not finish"
                 for name in sorted({n for r in self.ranks for n in r.unfinished})
+            ),
+            *(
+                [f"{ranks_text([k for k, _ in self.not_compared])} not compared"]
+                if self.not_compared
+                else []
             ),
         ]
         if not cut:

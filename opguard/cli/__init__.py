@@ -12,7 +12,7 @@ from ..children import ERROR_PREFIX
 from ..store.errors import TraceError
 from ..tool_registry import ToolError
 from . import commands
-from .commands.base import AUTO, TOLERANT, is_tolerant_value, word_after_tolerant
+from .commands.base import OPTIONAL_VALUES, words_after_optional_values
 
 
 class UsageError(Exception):
@@ -51,24 +51,27 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_command_line(
     parser: argparse.ArgumentParser, argv: list[str]
 ) -> tuple[argparse.Namespace, list[str]]:
-    """``parser.parse_known_args(argv)``, reading ``--tolerant`` as the user meant it: its
-    value is optional, so argparse takes the word after it as the value even where that is a
-    run (``opguard diff --tolerant RUN_A RUN_B`` then misses RUN_B). When the line cannot be
-    read so and that word is no value, ``--tolerant`` takes none; when it could be a value,
-    the error says it was taken as one."""
+    """``parser.parse_known_args(argv)``, reading ``--tolerant`` and ``--ray`` as the user
+    meant them: their value is optional, so argparse takes the word after one as its value
+    even where that is a run (``opguard diff --tolerant RUN_A RUN_B`` then misses RUN_B). When
+    the line cannot be read so and those words are no values, the options take none; when one
+    could be a value, the error says it was taken as one."""
     try:
         return parser.parse_known_args(argv)
     except UsageError as exc:
-        found = word_after_tolerant(argv)
-        if found is None:
+        found = words_after_optional_values(argv)
+        if not found:
             raise
-        at, word = found
-        if is_tolerant_value(word):
-            raise UsageError(
-                f"{exc}; --tolerant took {word!r} as its value (--tolerant[=REL]: write a "
-                f"value as --tolerant={word}, or --tolerant after the runs)"
-            ) from None
-        alone = [*argv[:at], f"{TOLERANT}={AUTO}", *argv[at + 1 :]]
+        for _, flag, word in found:
+            param, is_value = OPTIONAL_VALUES[flag]
+            if is_value(word):
+                raise UsageError(
+                    f"{exc}; {flag} took {word!r} as its value ({flag}[={param.word}]: write "
+                    f"a value as {flag}={word}, or {flag} after the runs)"
+                ) from None
+        alone = list(argv)
+        for at, flag, _ in found:
+            alone[at] = f"{flag}={OPTIONAL_VALUES[flag][0].bare}"
         try:
             return parser.parse_known_args(alone)
         except UsageError:

@@ -153,6 +153,9 @@ class RecordingSession:
                 "pid": os.getpid(),
                 "started": started,
                 "devices": self.meta["devices"],
+                # the node whose disk holds this trace (a job's ranks spread over nodes'
+                # local disks are one run: opguard.distributed finds each where it is)
+                "host": socket.gethostname(),
             },
         )
         self.writer.put_info(ENVIRONMENT, self.meta[ENVIRONMENT])

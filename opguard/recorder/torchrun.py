@@ -105,6 +105,7 @@ def _outcome(run_dir: Path, code: int) -> dict[str, Any]:
                     "ops": end.get("ops"),
                     "steps": end.get("steps"),
                     "devices": start.get("devices"),
+                    "host": start.get("host"),  # the node that wrote it
                     **(info.get("distributed") or {}),
                 }
             )

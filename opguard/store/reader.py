@@ -783,21 +783,31 @@ def _can_lock(path: Path) -> bool:
     return os.access(lock if lock.exists() else path, os.W_OK)
 
 
-class Run:
-    """A recorded run: its metadata and one trace per rank."""
+def rank_numbers(path: Path) -> list[int]:
+    """The ranks whose traces directory ``path`` holds (``rank-K``), in order."""
+    return sorted(
+        int(p.name[len(schema.RANK_DIR_PREFIX) :])
+        for p in path.glob(f"{schema.RANK_DIR_PREFIX}*")
+        if p.name[len(schema.RANK_DIR_PREFIX) :].isdigit()
+    )
 
-    def __init__(self, path: str | Path) -> None:
+
+class Run:
+    """A recorded run: its metadata and one trace per rank.
+
+    ``meta``: the run's metadata where this directory holds only some of its ranks and not
+    its ``meta.json`` (ranks written on the local disks of several nodes: the node that
+    prepared the run holds it, see :mod:`opguard.distributed`); read from the directory
+    otherwise."""
+
+    def __init__(self, path: str | Path, meta: dict[str, Any] | None = None) -> None:
         self.path = Path(path)
         if not self.path.exists():
             raise TraceError(f"{self.path}: no such run directory")
         if not self.path.is_dir():
             raise TraceError(f"{self.path}: not a directory (expected an OpGuard run directory)")
-        self.meta = read_meta(self.path)
-        self.ranks = sorted(
-            int(p.name[len(schema.RANK_DIR_PREFIX) :])
-            for p in self.path.glob(f"{schema.RANK_DIR_PREFIX}*")
-            if p.name[len(schema.RANK_DIR_PREFIX) :].isdigit()
-        )
+        self.meta = read_meta(self.path) if meta is None else meta
+        self.ranks = rank_numbers(self.path)
         self._traces: dict[int, RankTrace] = {}
 
     @property

@@ -13,13 +13,13 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ..analysis import diff_runs
 from ..analysis.browse.lookup import input_tensor, source_around
 from ..analysis.browse.rows import RankRows, Row, Side
 from ..analysis.contract import brief_json, to_json
 from ..analysis.divergence.model import differing_arguments, differing_tensors
 from ..analysis.tolerant.rule import Tolerance, parse_tolerance
 from ..analysis.words.text import VALUES_SHOWN
+from ..distributed.driver import compare_runs
 from ..store import OpRecord, RankTrace, Run, TensorRecord
 from ..tool_registry import Pages, ToolError
 
@@ -434,9 +434,15 @@ def diff(args: dict[str, Any]) -> Pages:
     """The ``opguard.diff/1`` object (``brief``: without ops given twice); the per-step lists
     of its ranks are the pages."""
     tolerance = tolerance_of(args["tolerant"], args["noise"])
-    with _runs(args["run_a"], args["run_b"]) as (run_a, run_b):
-        found = diff_runs(run_a, run_b, rank=args["rank"], step=args["step"], tolerance=tolerance)
-        whole = to_json(found)
+    found = compare_runs(
+        args["run_a"],
+        args["run_b"],
+        ray=args["ray"],
+        rank=args["rank"],
+        step=args["step"],
+        tolerance=tolerance,
+    )
+    whole = to_json(found)
     if args["brief"]:
         whole = brief_json(whole)
     steps = [r.pop("steps") for r in whole["ranks"]]

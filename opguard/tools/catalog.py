@@ -35,6 +35,17 @@ NOISE = Param(
     "--noise",
     metavar="CONTROL",
 )
+RAY = Param(
+    "ray",
+    "string",
+    "compare on a Ray cluster, each rank on the node holding its traces: the cluster's "
+    "address (host:port), or 'auto' (--ray alone: the one RAY_ADDRESS names, else the one "
+    "started on this machine); needs pip install 'opguard[ray]' (default: here, a process "
+    "per rank)",
+    "--ray",
+    bare="auto",  # opguard.distributed.driver.AUTO
+    metavar="ADDRESS",
+)
 # The zoom commands (tensor, replay) name run A's op with --op and default to rank 0.
 OP = Param(
     "index",
@@ -96,6 +107,7 @@ TOOLS: tuple[Tool, ...] = (
             STEP,
             TOLERANT,
             NOISE,
+            RAY,
             Param(
                 "brief",
                 "boolean",
@@ -135,6 +147,7 @@ TOOLS: tuple[Tool, ...] = (
             ),
             TOLERANT,
             NOISE,
+            RAY,
         ),
         f"{ANSWERS}.recording:hunt",
         fixed=("--brief",),
@@ -217,6 +230,7 @@ TOOLS: tuple[Tool, ...] = (
             STEP,
             TOLERANT,
             NOISE,
+            RAY,
             Param("model", "string", "LiteLLM model string; none: offline reading only", "--model"),
             Param(
                 "budget",

@@ -8,8 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..analysis import diff_runs
-from ..store import Run
+from ..distributed.fetch import compared_at_hand
 from ..tool_registry import ToolError
 from .answers import tolerance_of
 
@@ -42,6 +41,7 @@ def explain(args: dict[str, Any]) -> dict[str, Any]:
         args["question"],
         tolerant=args["tolerant"],
         noise=args["noise"],
+        ray=args["ray"],
     )
     return brief_report(report)
 
@@ -56,17 +56,22 @@ def explain_report(
     *,
     tolerant: str | None = None,
     noise: str | None = None,
+    ray: str | None = None,
     opening: Callable[[Session], None] | None = None,
 ) -> tuple[dict[str, Any], int]:
     """The ``opguard.explain/1`` report and the exit status. ``tolerant``: ``--tolerant``'s
-    value (the diff judges differences against rounding), ``noise`` its control run. With
+    value (the diff judges differences against rounding), ``noise`` its control run; ``ray``:
+    compared on that Ray cluster, the evidence read from the traces it needs. With
     ``opening`` (the CLI's printing of the bundle or the limits), the conversation is printed
     as it happens too."""
     from ..agent import BudgetRefused, ConfigError, ProviderError, open_session, resolve_settings
 
     tolerance = tolerance_of(tolerant, noise)
-    with Run(path_a) as run_a, Run(path_b) as run_b:
-        result = diff_runs(run_a, run_b, rank=rank, step=step, tolerance=tolerance)
+    with compared_at_hand(path_a, path_b, ray=ray, rank=rank, step=step, tolerance=tolerance) as (
+        result,
+        run_a,
+        run_b,
+    ):
         try:
             session = open_session(result, run_a, run_b, resolve_settings(flags))
         except ConfigError as exc:

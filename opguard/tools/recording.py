@@ -60,6 +60,7 @@ def run_hunt(args: dict[str, Any], **options: Any) -> Hunt:
             python=args["python"],
             overwrite=args["overwrite"],
             tolerance=tolerance,
+            ray=args["ray"],
             **options,
         )
     except HuntError as exc:

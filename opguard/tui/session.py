@@ -49,7 +49,8 @@ class Session:
         self.labels = labels
         self.tolerance = tolerance  # --tolerant: differences judged against rounding
         self._pairs: dict[int, RankPair] = {
-            pair.reported: pair for pair in compared_ranks(run_a, run_b, None, tolerance)
+            pair.reported: pair
+            for pair in compared_ranks(run_a.ranks, run_b.ranks, None, tolerance)
         }
         self.ranks = sorted(self._pairs)
         self._rows: dict[int, RankRows] = {}

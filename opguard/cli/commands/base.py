@@ -7,16 +7,19 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...tools.catalog import NOISE as NOISE_PARAM
+from ...tools.catalog import RAY as RAY_PARAM
 from ...tools.catalog import TOLERANT as TOLERANT_PARAM
 
 if TYPE_CHECKING:
     from ...analysis import RunDiff
     from ...analysis.tolerant.rule import Tolerance
     from ...hunt import Hunt
+    from ...tool_registry import Param
 
 
 class CommandError(Exception):
@@ -33,15 +36,32 @@ def call_tool(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 
 # --tolerant[=REL] as the diff tool declares it: its flag, and the value it stands for alone.
 TOLERANT, AUTO = str(TOLERANT_PARAM.flag), str(TOLERANT_PARAM.bare)
+RAY, RAY_AUTO = str(RAY_PARAM.flag), str(RAY_PARAM.bare)
 
 
 def add_tolerant(parser: argparse.ArgumentParser) -> None:
-    """``--tolerant[=REL]`` (``opguard diff``, ``opguard explain``, ``opguard tui``), with what
+    """``--tolerant[=REL]`` (``opguard diff``, ``hunt``, ``explain``, ``tui``), with what
     only the command line needs said: a run after it is not its value (parse_command_line);
     and its ``--noise CONTROL``, as the diff tool declares both."""
     action = TOLERANT_PARAM.add_to(parser, "tolerant")
     action.help = f"{action.help}; a run named after it is a run"
     NOISE_PARAM.add_to(parser, "noise")
+
+
+def add_ray(parser: argparse.ArgumentParser) -> None:
+    """``--ray [ADDRESS]`` (``opguard diff``, ``hunt``, ``explain``, ``tui``), as the diff
+    tool declares it; a run after it is not its address (parse_command_line)."""
+    action = RAY_PARAM.add_to(parser, "ray")
+    action.help = f"{action.help}; a run named after it is a run"
+
+
+def is_ray_address(word: str) -> bool:
+    """Whether the word after ``--ray`` can be its address: ``auto``, ``ray://…``, or
+    ``HOST:PORT`` that is no directory here; anything else is the next argument, a run."""
+    if word == RAY_AUTO or "://" in word:
+        return True
+    host, colon, port = word.rpartition(":")
+    return bool(colon and host and port.isdigit() and not os.path.isdir(word))
 
 
 def is_tolerant_value(word: str) -> bool:
@@ -56,15 +76,25 @@ def is_tolerant_value(word: str) -> bool:
     return True
 
 
-def word_after_tolerant(argv: list[str]) -> tuple[int, str] | None:
-    """The first ``--tolerant`` followed by a word that is no option, before ``--`` (what
-    follows is a script's own): its place and that word."""
+# The options whose value is optional (their parameter: the value each stands for alone, and
+# its name), and whether a word after one can be its value (argparse takes any word that is
+# no option).
+OPTIONAL_VALUES: dict[str, tuple[Param, Callable[[str], bool]]] = {
+    TOLERANT: (TOLERANT_PARAM, is_tolerant_value),
+    RAY: (RAY_PARAM, is_ray_address),
+}
+
+
+def words_after_optional_values(argv: list[str]) -> list[tuple[int, str, str]]:
+    """Each option of :data:`OPTIONAL_VALUES` followed by a word that is no option, before
+    ``--`` (what follows is a script's own): its place, the option and that word."""
+    found = []
     for at, word in enumerate(argv[:-1]):
         if word == "--":
-            return None
-        if word == TOLERANT and not argv[at + 1].startswith("-"):
-            return at, argv[at + 1]
-    return None
+            break
+        if word in OPTIONAL_VALUES and not argv[at + 1].startswith("-"):
+            found.append((at, word, argv[at + 1]))
+    return found
 
 
 def tolerance_of(args: argparse.Namespace) -> Tolerance | None:

@@ -1,20 +1,24 @@
 """``opguard diff RUN_A RUN_B [--rank K] [--step S] [--tolerant[=REL] [--noise CONTROL]]
-[--json [--brief] [--offset N] [--limit N]] [--html FILE]``: exit 0 identical (or within
-rounding), 1 diverged."""
+[--ray[=ADDRESS]] [--json [--brief] [--offset N] [--limit N]] [--html FILE]``: exit 0
+identical (or within rounding), 1 diverged."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from ...analysis import RunDiff, diff_runs
+from ...analysis import RunDiff
 from ...analysis.contract import to_json
 from ...analysis.result import EXIT_STATUS
 from ...analysis.tolerant.rule import Tolerance
-from ...store import Run
+from ...distributed.driver import compare_runs
 from .base import (
     AUTO,
+    RAY,
+    RAY_AUTO,
     CommandError,
     add_html,
+    add_ray,
     add_tolerant,
     call_tool,
     print_json,
@@ -36,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rank", type=int, help="compare only this rank")
     p.add_argument("--step", type=int, help="compare only this step")
     add_tolerant(p)
+    add_ray(p)
     p.add_argument("--json", action="store_true", help="print the opguard.diff/1 JSON object")
     p.add_argument(
         "--brief",
@@ -57,7 +62,18 @@ def run(args: argparse.Namespace) -> int:
     tolerance = tolerance_of(args)
     if paged or args.brief:
         # Bounded in size, a page of the per-step lists: the diff tool's answer.
-        keys = ("run_a", "run_b", "rank", "step", "tolerant", "noise", "brief", "offset", "limit")
+        keys = (
+            "run_a",
+            "run_b",
+            "rank",
+            "step",
+            "tolerant",
+            "noise",
+            "ray",
+            "brief",
+            "offset",
+            "limit",
+        )
         answer = call_tool("diff", {k: getattr(args, k) for k in keys})
         print_json(answer)
         if args.html is not None:  # the tool answers JSON: the report is drawn from the result
@@ -76,8 +92,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace, tolerance: Tolerance | None) -> RunDiff:
-    with Run(args.run_a) as run_a, Run(args.run_b) as run_b:
-        return diff_runs(run_a, run_b, rank=args.rank, step=args.step, tolerance=tolerance)
+    return compare_runs(
+        args.run_a,
+        args.run_b,
+        ray=args.ray,
+        rank=args.rank,
+        step=args.step,
+        tolerance=tolerance,
+        report=lambda line: print(line, file=sys.stderr, flush=True),
+    )
 
 
 def _command(args: argparse.Namespace) -> list[str]:
@@ -90,4 +113,6 @@ def _command(args: argparse.Namespace) -> list[str]:
         words.append("--tolerant" if args.tolerant == AUTO else f"--tolerant={args.tolerant}")
     if args.noise is not None:
         words += ["--noise", args.noise]
+    if args.ray is not None:
+        words.append(RAY if args.ray == RAY_AUTO else f"{RAY}={args.ray}")
     return [*words, "--html", args.html]

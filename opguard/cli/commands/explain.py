@@ -17,7 +17,7 @@ from ...spending_limits import (
     DEFAULT_ROUNDS,
 )
 from ...tools.explanation import SETTING_FLAGS, brief_report, explain_report
-from .base import add_tolerant, print_json
+from .base import add_ray, add_tolerant, print_json
 
 if TYPE_CHECKING:  # the agent is imported only when explain runs, LiteLLM only for a model
     from ...agent import Session
@@ -37,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rank", type=int, help="compare only this rank")
     p.add_argument("--step", type=int, help="compare only this step")
     add_tolerant(p)
+    add_ray(p)
     p.add_argument(
         "--model",
         metavar="M",
@@ -111,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         args.question,
         tolerant=args.tolerant,
         noise=args.noise,
+        ray=args.ray,
         opening=None if args.json else _print_opening,
     )
     if args.json:

@@ -1,8 +1,8 @@
 """``opguard hunt -o DIR --a 'train_a.py ARGS' --b 'train_b.py ARGS' [--python PY]
-[--overwrite] [--tolerant[=REL] [--noise CONTROL]] [--json [--brief]] [--html FILE]``: the two
-passes of :mod:`opguard.hunt`, then the report of
-the last diff made (the op-level one when there was a second pass), its first line saying how
-the step was found. Exit status as ``opguard diff``'s."""
+[--overwrite] [--tolerant[=REL] [--noise CONTROL]] [--ray [ADDRESS]] [--json [--brief]]
+[--html FILE]``: the two passes of :mod:`opguard.hunt`, then the report of the last diff
+made (the op-level one when there was a second pass), its first line saying how the step was
+found. Exit status as ``opguard diff``'s."""
 
 from __future__ import annotations
 
@@ -13,7 +13,17 @@ from rich.markup import escape
 
 from ...hunt import Hunt
 from ...tools.recording import run_hunt
-from .base import AUTO, add_html, add_tolerant, directory_name, print_json, write_html
+from .base import (
+    AUTO,
+    RAY,
+    RAY_AUTO,
+    add_html,
+    add_ray,
+    add_tolerant,
+    directory_name,
+    print_json,
+    write_html,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,8 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "DIR/b-window, and prints the op-level report, its first line saying how K was found. "
         "With --tolerant, K is the first step whose state goes beyond the rounding envelope "
         "(--noise CONTROL: measured by a control run of run A's script), and the op-level "
-        "report is the tolerant diff of that step. Each recording's output goes to "
-        "DIR/NAME.log. Exit status: 0 identical (or within rounding), 1 diverged, 2 error.",
+        "report is the tolerant diff of that step. With --ray, each pass's diff runs on that "
+        "Ray cluster. Each recording's output goes to DIR/NAME.log. Exit status: 0 identical (or within rounding), 1 diverged, 2 error.",
     )
     p.add_argument(
         "-o", "--output", required=True, type=directory_name, metavar="DIR", help="hunt directory"
@@ -47,6 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--overwrite", action="store_true", help="replace the run directories of an earlier hunt"
     )
     add_tolerant(p)
+    add_ray(p)
     p.add_argument(
         "--json",
         action="store_true",
@@ -79,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
 def _command(args: argparse.Namespace) -> list[str]:
     """The ``opguard hunt`` that writes this report again (the report says it)."""
     python = ["--python", args.python] if args.python else []
-    runs = ["--a", args.a, "--b", args.b, *python]
+    ray = [] if args.ray is None else [RAY if args.ray == RAY_AUTO else f"{RAY}={args.ray}"]
+    runs = ["--a", args.a, "--b", args.b, *python, *ray]
     if args.tolerant is not None:
         runs.append("--tolerant" if args.tolerant == AUTO else f"--tolerant={args.tolerant}")
     if args.noise is not None:
