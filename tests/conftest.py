@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from browser import browser_page, chromium  # noqa: F401  (fixtures of every module)
-from run_once import made_once
+from run_once import BATCH_TIMEOUT, made_once
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -122,7 +122,7 @@ def _record_demo(root: Path) -> None:
             )
         )
     for recording in recordings:
-        _, err = recording.communicate(timeout=300)
+        _, err = recording.communicate(timeout=BATCH_TIMEOUT)
         assert recording.returncode == 0, err
 
 

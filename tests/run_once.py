@@ -19,6 +19,9 @@ import pytest
 from filelock import FileLock
 
 DONE, FAILED = ".done", ".failed"  # beside a directory: made, or why making it failed
+# Seconds a batch of recordings started together may take: each takes seconds alone, but a
+# batch runs all at once, on cores shared with the other test worker (and other work).
+BATCH_TIMEOUT = 900
 
 
 def run_dir(factory: pytest.TempPathFactory) -> Path:

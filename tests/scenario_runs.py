@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from run_once import DONE, FAILED, run_dir, run_lock
+from run_once import BATCH_TIMEOUT, DONE, FAILED, run_dir, run_lock
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 BASE = SCENARIOS / "base.py"
@@ -105,9 +105,6 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("gpt2", "gpt2_eps"),
 )
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "PYTHONUNBUFFERED": "1"}
-# Seconds a batch's recordings may take: each takes seconds alone, but a batch is all the
-# scenario scripts at once, on a machine whose other test worker (and other work) share its cores.
-BATCH_TIMEOUT = 900
 
 
 class Recordings:

@@ -120,17 +120,19 @@ def _run(kill: Kill) -> Kill:
         record_command(kill.run_dir, *extra),
         cwd=kill.run_dir.parent,
         env=ENV,
-        text=True,
+        # Unbuffered: readline() takes the first line and nothing after it, which
+        # communicate() (reading the pipe itself) would never see.
+        bufsize=0,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     assert proc.stdout is not None
-    first = proc.stdout.readline()  # step 0 is done: recording is under way
+    first = proc.stdout.readline().decode()  # step 0 is done: recording is under way
     if kill.kind != "exception" and first.startswith("loss "):
         time.sleep(kill.delay)
         proc.send_signal(signal.SIGKILL if kill.kind == "sigkill" else signal.SIGTERM)
-    rest, kill.stderr = proc.communicate(timeout=120)
-    kill.stdout, kill.returncode = first + rest, proc.returncode
+    rest, err = proc.communicate(timeout=600)
+    kill.stdout, kill.stderr, kill.returncode = first + rest.decode(), err.decode(), proc.returncode
     return kill
 
 

@@ -628,7 +628,7 @@ def held_out_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("transformers")
     root = tmp_path_factory.mktemp("held_out")
     held_out = [pair for pair in GPU_PAIRS.values() if pair.held_out]
-    record_runs(root, sorted({run for pair in held_out for run in (pair.a, pair.b)}), timeout=900)
+    record_runs(root, sorted({run for pair in held_out for run in (pair.a, pair.b)}))
     return root
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import run_cli
+from run_once import BATCH_TIMEOUT
 
 from opguard.store import Run
 
@@ -105,7 +106,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             )
         )
     for job in jobs:
-        out, _ = job.communicate(timeout=180)
+        out, _ = job.communicate(timeout=BATCH_TIMEOUT)
         assert job.returncode == 0, out
     return {name: root / name for name in ("A", "A2", "B", "S", "P", "P2", "F", "FB", "W1")}
 

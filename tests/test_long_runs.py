@@ -26,6 +26,7 @@ import msgpack
 import pytest
 import torch
 from conftest import cli_in_process, opguard_cmd
+from run_once import BATCH_TIMEOUT
 
 import opguard
 from opguard.recorder.tensors import fingerprint_fields
@@ -451,14 +452,14 @@ def test_sigkill_leaves_step_records_readable_up_to_the_last_committed_batch(
             env=ENV,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            text=True,
+            bufsize=0,  # readline() takes no more than its line: communicate() reads the rest
         )
         assert proc.stdout is not None
         lines = [proc.stdout.readline() for _ in range(40)]  # 40 steps done, ~1 s of writing
         proc.send_signal(signal.SIGKILL)
-        rest, _ = proc.communicate(timeout=60)
+        rest, _ = proc.communicate(timeout=600)
         assert proc.returncode == -signal.SIGKILL
-        return run, "".join(lines) + rest
+        return run, b"".join([*lines, rest]).decode()
 
     with ThreadPoolExecutor(2) as pool:
         steps_only = pool.submit(killed, "steps-only", "--steps-only")
@@ -606,7 +607,7 @@ def test_each_rank_writes_its_step_records_sharded_state_as_its_shard(tmp_path: 
             )
         )
     for job in jobs:
-        out, _ = job.communicate(timeout=300)
+        out, _ = job.communicate(timeout=BATCH_TIMEOUT)
         assert job.returncode == 0, out
     ddp = [states(tmp_path / "ddp", rank) for rank in (0, 1)]
     assert sorted(ddp[0]) == sorted(ddp[1]) == [0, 1]

@@ -23,6 +23,7 @@ import pytest
 from conftest import REPO, line_of, opguard_cmd, run_cli
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.types import CallToolResult, TextContent
+from run_once import BATCH_TIMEOUT
 from test_imports import cli_without
 
 from opguard.analysis.contract import brief_json
@@ -78,7 +79,7 @@ def runs(demo_runs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory)
         for out, script in zip(captured.values(), ("baseline", "refactored"), strict=True)
     ]
     for recording in recordings:
-        _, err = recording.communicate(timeout=300)
+        _, err = recording.communicate(timeout=BATCH_TIMEOUT)
         assert recording.returncode == 0, err
     paths = {"A": demo_runs[0], "B": demo_runs[1], "GPU": gpu, "TMP": root, **captured}
     return {k: str(v) for k, v in paths.items()}

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from run_once import BATCH_TIMEOUT
+
 SCENARIOS = Path(__file__).resolve().parent / "data" / "tolerant"
 AUTOCAST = SCENARIOS / "autocast_block.py"
 TP_MLP = SCENARIOS / "tp_mlp.py"
@@ -184,7 +186,7 @@ def record_command(name: str, run_dir: Path, options: tuple[str, ...] = ()) -> l
 
 
 def record_runs(
-    root: Path, names: list[str], options: tuple[str, ...] = (), timeout: float = 300
+    root: Path, names: list[str], options: tuple[str, ...] = (), timeout: float = BATCH_TIMEOUT
 ) -> dict[str, Path]:
     """Records the runs ``names`` under ``root`` with ``opguard record OPTIONS``, all at once,
     and returns their directories."""
