@@ -11,6 +11,8 @@
 3. with ``--gpu``, the GPU time of the recorded steps by kernel, from torch.profiler (OpGuard's
    own kernel collection off, since CUPTI takes one subscriber): the fingerprint kernels' share
    of the device;
+   With ``--steps-only``, the step level alone (``opguard record --steps-only``) and its parts:
+   the step recorder's hooks and the native calls that fingerprint each group of tensors;
 4. with ``--phases``, plain and recorded side by side: when each phase of the step (forward,
    backward, optimizer) returns on the host and when the GPU finishes it, from the step's
    start. A phase whose GPU end follows its host end by little had the GPU waiting for the host.
@@ -18,7 +20,7 @@
    trades the GIL with the recording thread once per record.
 
     python bench/overhead_profile.py [--steps 3] [--top 20] [--batch 8] [--seq 1024]
-                                     [--gpu | --phases] [--bf16]
+                                     [--gpu | --phases] [--bf16] [--steps-only]
 
 ``--bf16``: the forward under bf16 autocast (bench/overhead.py's ``--bf16``).
 """
@@ -42,7 +44,7 @@ from overhead import build
 
 import opguard
 from opguard import _C
-from opguard.recorder import mode
+from opguard.recorder import mode, step_records
 from opguard.store.writer import TraceWriter
 
 # (owner, function name) of the recorder parts timed (the default mode)
@@ -53,6 +55,15 @@ PARTS: list[tuple[Any, str]] = [
     (mode.OpRecorder, "_after"),
     (_C.OpPlan, "inputs"),
     (_C.CallRecorder, "finish"),
+]
+# ... and with --steps-only: the step recorder's hooks, and the native call each makes per
+# group of tensors (loss, gradients, parameters, optimizer states, buffers and RNG states)
+STEP_PARTS: list[tuple[Any, str]] = [
+    (step_records.StepRecorder, "loss"),
+    (step_records.StepRecorder, "gradients"),
+    (step_records.StepRecorder, "updated"),
+    (step_records.StepRecorder, "end_step"),
+    (step_records, "fingerprint_all"),
 ]
 
 
@@ -65,6 +76,9 @@ def main() -> None:
     parser.add_argument("--gpu", action="store_true", help="GPU time by kernel instead")
     parser.add_argument("--phases", action="store_true", help="host and GPU time by phase")
     parser.add_argument("--bf16", action="store_true", help="the forward under bf16 autocast")
+    parser.add_argument(
+        "--steps-only", action="store_true", help="the step level alone, and its parts"
+    )
     args = parser.parse_args()
 
     step, _ = build(args.batch, args.seq, bf16=args.bf16)
@@ -74,8 +88,8 @@ def main() -> None:
     elif args.phases:
         time_by_phase(step, args.steps)
     else:
-        cpu_by_thread(step, args.steps)
-        time_by_part(step, args.steps)
+        cpu_by_thread(step, args.steps, args.steps_only)
+        time_by_part(step, args.steps, STEP_PARTS if args.steps_only else PARTS, args.steps_only)
 
 
 def recorded(
@@ -83,11 +97,15 @@ def recorded(
     steps: int,
     before: Callable[[], None],
     after: Callable[[], None] = lambda: None,
+    steps_only: bool = False,
 ) -> tuple[Any, float]:
     """Records a warm-up step, then ``steps`` more between ``before()`` and ``after()`` (both
     called while the session, and so its writer thread, is alive): (the session, wall seconds
-    per step)."""
-    with tempfile.TemporaryDirectory() as workdir, opguard.record(Path(workdir) / "run") as run:
+    per step). ``steps_only``: step-level records alone."""
+    with (
+        tempfile.TemporaryDirectory() as workdir,
+        opguard.record(Path(workdir) / "run", steps_only=steps_only) as run,
+    ):
         step()
         torch.cuda.synchronize()
         before()
@@ -100,7 +118,7 @@ def recorded(
         return run, wall
 
 
-def cpu_by_thread(step: Callable[[], float], steps: int) -> None:
+def cpu_by_thread(step: Callable[[], float], steps: int, steps_only: bool = False) -> None:
     before: dict[int, tuple[str, float]] = {}
     after: dict[int, tuple[str, float]] = {}
     collections_timed = GcTimer()
@@ -109,6 +127,7 @@ def cpu_by_thread(step: Callable[[], float], steps: int) -> None:
         steps,
         lambda: (before.update(thread_cpu_seconds()), collections_timed.start()),
         lambda: (after.update(thread_cpu_seconds()), collections_timed.stop()),
+        steps_only,
     )
     names = {
         threading.main_thread().native_id: "training (main)",
@@ -150,10 +169,15 @@ class GcTimer:
         return list(zip(self._count, self._seconds, strict=True))
 
 
-def time_by_part(step: Callable[[], float], steps: int) -> None:
+def time_by_part(
+    step: Callable[[], float],
+    steps: int,
+    parts: list[tuple[Any, str]],
+    steps_only: bool = False,
+) -> None:
     total: dict[str, float] = collections.defaultdict(float)
     calls: collections.Counter[str] = collections.Counter()
-    originals = [(owner, name, getattr(owner, name)) for owner, name in PARTS]
+    originals = [(owner, name, getattr(owner, name)) for owner, name in parts]
 
     def timer(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -169,7 +193,9 @@ def time_by_part(step: Callable[[], float], steps: int) -> None:
     for owner, name, function in originals:
         setattr(owner, name, timer(name, function))
     try:
-        _, wall = recorded(step, steps, lambda: (total.clear(), calls.clear()))
+        _, wall = recorded(
+            step, steps, lambda: (total.clear(), calls.clear()), steps_only=steps_only
+        )
     finally:
         for owner, name, function in originals:
             setattr(owner, name, function)
