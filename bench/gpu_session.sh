@@ -56,7 +56,12 @@ for part in $parts; do
       python3 "$ROOT/bench/overhead.py" --bf16 --compile --rounds 2 --steps 5 --no-debugmode \
         --json "$OUT/overhead_bf16_compile.json" 2>&1 | grep -v Warning \
         | tee "$OUT/overhead_bf16_compile.txt"
-      python3 "$ROOT/bench/overhead_profile.py" --steps 3 2>&1 | grep -v Warning | tee "$OUT/profile.txt" ;;
+      python3 "$ROOT/bench/overhead_profile.py" --steps 3 2>&1 | grep -v Warning | tee "$OUT/profile.txt"
+      # where a bf16 step's host time goes: by phase, and the step level's parts
+      python3 "$ROOT/bench/overhead_profile.py" --bf16 --phases --steps 3 2>&1 | grep -v Warning \
+        | tee "$OUT/profile_bf16_phases.txt"
+      python3 "$ROOT/bench/overhead_profile.py" --bf16 --steps-only --steps 5 2>&1 \
+        | grep -v Warning | tee "$OUT/profile_bf16_steps.txt" ;;
     kernels)
       python3 "$ROOT/bench/overhead_profile.py" --steps 2 --gpu --top 12 2>&1 | grep -v Warning \
         | tail -14 | tee "$OUT/profile_gpu.txt" ;;
