@@ -7,12 +7,12 @@
 2. wall time per step inside each part of the recorder reached from Python (the dispatch
    handler, the native per-op path, and the Python path's work before and after an op, for
    random ops, collectives and captures), measured by wrapping those functions with a timer;
-   parts nest, so shares overlap;
+   parts nest, so shares overlap. With ``--steps-only``, both for the step level alone
+   (``opguard record --steps-only``), whose parts are the step recorder's hooks and the
+   native calls that fingerprint each group of tensors;
 3. with ``--gpu``, the GPU time of the recorded steps by kernel, from torch.profiler (OpGuard's
    own kernel collection off, since CUPTI takes one subscriber): the fingerprint kernels' share
    of the device;
-   With ``--steps-only``, the step level alone (``opguard record --steps-only``) and its parts:
-   the step recorder's hooks and the native calls that fingerprint each group of tensors;
 4. with ``--phases``, plain and recorded side by side: when each phase of the step (forward,
    backward, optimizer) returns on the host and when the GPU finishes it, from the step's
    start. A phase whose GPU end follows its host end by little had the GPU waiting for the host.
@@ -89,7 +89,7 @@ def main() -> None:
         time_by_phase(step, args.steps)
     else:
         cpu_by_thread(step, args.steps, args.steps_only)
-        time_by_part(step, args.steps, STEP_PARTS if args.steps_only else PARTS, args.steps_only)
+        time_by_part(step, args.steps, args.steps_only)
 
 
 def recorded(
@@ -169,14 +169,12 @@ class GcTimer:
         return list(zip(self._count, self._seconds, strict=True))
 
 
-def time_by_part(
-    step: Callable[[], float],
-    steps: int,
-    parts: list[tuple[Any, str]],
-    steps_only: bool = False,
-) -> None:
+def time_by_part(step: Callable[[], float], steps: int, steps_only: bool = False) -> None:
+    """Wall time by part of the recorder (:data:`PARTS`, or with ``steps_only`` the step
+    level's, :data:`STEP_PARTS`)."""
     total: dict[str, float] = collections.defaultdict(float)
     calls: collections.Counter[str] = collections.Counter()
+    parts = STEP_PARTS if steps_only else PARTS
     originals = [(owner, name, getattr(owner, name)) for owner, name in parts]
 
     def timer(name: str, function: Callable[..., Any]) -> Callable[..., Any]:

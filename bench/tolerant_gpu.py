@@ -39,7 +39,7 @@ def main() -> None:
     missing = [run for run in runs if not (args.root / run / "meta.json").exists()]
     args.root.mkdir(parents=True, exist_ok=True)
     if missing:
-        record_runs(args.root, missing, timeout=900)
+        record_runs(args.root, missing)
     rows = []
     for half in (False, True):
         print("held out:" if half else "fit:")

@@ -315,7 +315,7 @@ def main() -> None:
         needed = sorted({run for name in chosen for run in PAIRS[name][:2]} & set(RUNS))
         missing = [run for run in needed if not (root / run / "meta.json").exists()]
         if missing:
-            record_runs(root, missing, CAPTURE_ALL, timeout=900)
+            record_runs(root, missing, CAPTURE_ALL)
         results = {name: measure(root / PAIRS[name][0], root / PAIRS[name][1]) for name in chosen}
     report(results)
     if args.rule:

@@ -6,8 +6,8 @@ Every case records ``tests/scripts/crash_train.py`` with ``opguard record`` in a
 a user would, several at a time. Each trace must open, say that it is partial and where it ends,
 and agree op for op with a complete recording of the same script up to that point; the losses
 the killed training printed must be the complete run's. ``OPGUARD_TEST_KILLS`` sets the number
-of kills (default 12, four of each kind; ``OPGUARD_TEST_KILLS=200 pytest tests/test_crash.py`` for a long soak),
-``OPGUARD_TEST_KILL_SEED`` their random moments.
+of kills (default 12, four of each kind; ``OPGUARD_TEST_KILLS=200 pytest tests/test_crash.py``
+for a long soak), ``OPGUARD_TEST_KILL_SEED`` their random moments.
 """
 
 from __future__ import annotations

@@ -185,9 +185,7 @@ def record_command(name: str, run_dir: Path, options: tuple[str, ...] = ()) -> l
     return [*record, *launcher, *script]
 
 
-def record_runs(
-    root: Path, names: list[str], options: tuple[str, ...] = (), timeout: float = BATCH_TIMEOUT
-) -> dict[str, Path]:
+def record_runs(root: Path, names: list[str], options: tuple[str, ...] = ()) -> dict[str, Path]:
     """Records the runs ``names`` under ``root`` with ``opguard record OPTIONS``, all at once,
     and returns their directories."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -203,7 +201,7 @@ def record_runs(
         for name in names
     }
     for name, job in jobs.items():
-        out, _ = job.communicate(timeout=timeout)
+        out, _ = job.communicate(timeout=BATCH_TIMEOUT)
         if job.returncode != 0:
             raise RuntimeError(f"recording {name} failed:\n{out}")
     return {name: root / name for name in names}
