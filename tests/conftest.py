@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import warm
 from browser import browser_page, chromium  # noqa: F401  (fixtures of every module)
 from run_once import BATCH_TIMEOUT, made_once
 
@@ -49,18 +50,21 @@ def opguard_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "opguard", *args]
 
 
+# The commands that import torch: run in a fork of a process that did already (warm.py).
+WARM_COMMANDS = ("record", "replay")
+
+
 def run_cli(
     *args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Runs ``opguard ARGS`` as a user would (``python -m opguard``), capturing output. Never
     from the repository root, where the source tree would shadow the installed package."""
+    command, where = opguard_cmd(*args), cwd or tempfile.gettempdir()
+    full_env = {**os.environ, **(env or {})}
+    if args and args[0] in WARM_COMMANDS:
+        return warm.run(command, cwd=where, env=full_env, timeout=timeout)
     return subprocess.run(
-        opguard_cmd(*args),
-        cwd=cwd or tempfile.gettempdir(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
+        command, cwd=where, capture_output=True, text=True, timeout=timeout, env=full_env
     )
 
 
@@ -116,11 +120,7 @@ def _record_demo(root: Path) -> None:
     for name in DEMO_RUNS:
         script = REPO / "opguard" / "demo" / f"train_{name}.py"
         command = opguard_cmd("record", "-o", str(root / name), "--", str(script))
-        recordings.append(
-            subprocess.Popen(  # cwd=root: never the repository root, see run_cli
-                command, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-            )
-        )
+        recordings.append(warm.start(command, cwd=root))  # never the repository root: run_cli
     for recording in recordings:
         _, err = recording.communicate(timeout=BATCH_TIMEOUT)
         assert recording.returncode == 0, err

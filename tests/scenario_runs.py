@@ -1,7 +1,7 @@
 """Recordings of the scenario scripts (tests/scenarios/), shared by every test module and bench
 that needs them, so a pytest session records each script once.
 
-Each recording runs ``opguard record`` in a subprocess, as a user would, and keeps the script's
+Each recording runs ``opguard record`` in a process of its own, as a user would (warm.py), and keeps the script's
 stdout and stderr beside the run directory (``NAME.stdout``, ``NAME.stderr``): the benchmark of
 the evidence bundle compares its size against them.
 """
@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import warm
 from run_once import BATCH_TIMEOUT, DONE, FAILED, run_dir, run_lock
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
@@ -151,7 +152,7 @@ class Recordings:
         failed = self.root / f"{name}{FAILED}"
         return failed.read_text() if failed.exists() else None
 
-    def _start(self, name: str) -> subprocess.Popen[str]:
+    def _start(self, name: str) -> warm.Popen | subprocess.Popen[str]:
         """``opguard record -o ROOT/NAME [OPTIONS] -- SCRIPT [ARGS]``, as a user runs it."""
         script, options = RECORDINGS[name]
         command = [
@@ -163,13 +164,8 @@ class Recordings:
             str(script),
             *SCRIPT_ARGS.get(name, ()),
         ]
-        return subprocess.Popen(
-            [sys.executable, "-m", "opguard", *command],
-            cwd=self.root,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, **ENV},
+        return warm.start(
+            [sys.executable, "-m", "opguard", *command], cwd=self.root, env={**os.environ, **ENV}
         )
 
 

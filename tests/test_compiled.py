@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+import warm
 from conftest import opguard_cmd, run_cli
 from rich.console import Console
 from scenario_runs import COMPILED, Recordings, session_recordings
@@ -67,9 +68,7 @@ def test_recording_a_compiled_model_keeps_its_numbers(runs: Recordings) -> None:
     active), so a recorded run computed something else than the script alone. Now the recorded
     losses are the unrecorded compiled ones, bit for bit, and differ from the eager ones."""
     compiled, eager = runs("compiled", "eager")
-    alone = subprocess.run(
-        [sys.executable, str(COMPILED)], capture_output=True, text=True, timeout=300
-    )
+    alone = warm.run([sys.executable, str(COMPILED)], timeout=300)
     assert alone.returncode == 0, alone.stderr
     plain = alone.stdout.splitlines()
     assert len(plain) == 3

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import warm
 from conftest import cli_in_process, run_cli
 from traces import TraceBuilder
 
@@ -156,7 +157,7 @@ def test_a_step_limit_in_code_counts_the_steps_recorded(tmp_path: Path) -> None:
             """
         )
     )
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True)
+    done = warm.run([sys.executable, str(script)], cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     rank = _json("show", str(tmp_path / "run"))["ranks"][0]
     assert (rank["steps"], rank["ops_after_last_step"]) == (2, 0)
@@ -349,7 +350,7 @@ def test_a_recorded_scripts_traceback_is_the_one_python_shows(tmp_path: Path) ->
             """
         )
     )
-    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    plain = warm.run([sys.executable, str(script)])
     recorded = run_cli("record", "-o", str(tmp_path / "run"), "--", str(script), cwd=tmp_path)
     assert plain.returncode == recorded.returncode == 1
     assert recorded.stderr == plain.stderr

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import torch
+import warm
 from conftest import cli_in_process, line_of, opguard_cmd
 from state_runs import hunt_of
 from test_imports import cli_without
@@ -61,7 +62,9 @@ def _opguard(root: Path, *args: str) -> Done:
 
 
 def _record(root: Path, name: str, options: list[str], script_args: list[str]) -> Done:
-    return _opguard(root, "record", "-o", name, *options, "--", str(SCRIPT), *script_args)
+    command = opguard_cmd("record", "-o", name, *options, "--", str(SCRIPT), *script_args)
+    done = warm.run(command, cwd=root, env=ENV, timeout=600)
+    return Done(done.returncode, done.stdout, done.stderr)
 
 
 @pytest.fixture(scope="module")

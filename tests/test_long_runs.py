@@ -25,6 +25,7 @@ import lmdb
 import msgpack
 import pytest
 import torch
+import warm
 from conftest import cli_in_process, opguard_cmd
 from run_once import BATCH_TIMEOUT
 
@@ -68,7 +69,7 @@ class Recorded:
 def _record(root: Path, name: str, options: list[str], script_args: list[str]) -> Recorded:
     run = root / name
     command = opguard_cmd("record", "-o", str(run), *options, "--", str(SCRIPT), *script_args)
-    done = subprocess.run(command, cwd=root, env=ENV, capture_output=True, text=True, timeout=300)
+    done = warm.run(command, cwd=root, env=ENV, timeout=300)
     return Recorded(run, done.stdout, done.returncode, done.stderr)
 
 
@@ -98,14 +99,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Recorded]:
     }
     with ThreadPoolExecutor(PARALLEL) as pool:
         futures = {name: pool.submit(_record, root, name, *job) for name, job in jobs.items()}
-        plain = pool.submit(
-            subprocess.run,
-            [sys.executable, str(SCRIPT), *steps],
-            cwd=root,
-            env=ENV,
-            capture_output=True,
-            text=True,
-        )
+        plain = pool.submit(warm.run, [sys.executable, str(SCRIPT), *steps], cwd=root, env=ENV)
         done = {name: future.result() for name, future in futures.items()}
         done["plain"] = Recorded(root, plain.result().stdout, plain.result().returncode, "")
     for name, recorded in done.items():
@@ -530,7 +524,7 @@ def test_numbers_past_what_a_trace_holds_are_refused_in_one_line(
     of an OverflowError and left a run reading "running")."""
     run = tmp_path / "run"
     command = opguard_cmd("record", "-o", str(run), *options, "--", str(SCRIPT), "--steps", "1")
-    done = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True)
+    done = warm.run(command, cwd=tmp_path, env=ENV)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("opguard: error: ") and said in done.stderr, done.stderr
     assert len(done.stderr.splitlines()) == 1 and not run.exists()

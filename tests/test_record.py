@@ -33,6 +33,7 @@ import msgpack
 import numpy as np
 import pytest
 import torch
+import warm
 from conftest import opguard_cmd, run_cli
 
 import opguard
@@ -320,9 +321,7 @@ def background(
     pool = ThreadPoolExecutor(PARALLEL)
 
     def start(argv: list[str], cwd: Path) -> Future[subprocess.CompletedProcess[str]]:
-        return pool.submit(
-            subprocess.run, argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-        )
+        return pool.submit(warm.run, argv, cwd=cwd, env=env, timeout=300)
 
     state = Background({}, {}, {})
     if wanted & GROUP_FIXTURES["trainings"]:
@@ -379,6 +378,33 @@ def cli(background: Background) -> dict[str, CliCase]:
     return {
         name: CliCase(results[name], base / name, background.before[name]) for name in CLI_CASES
     }
+
+
+def test_a_harness_running_the_command_line_is_no_part_of_the_recorded_stacks(
+    tmp_path: Path,
+) -> None:
+    """A job runner that calls ``opguard.cli.main(["record", …])`` from its own Python code
+    sits beneath every op of the program it records: each stack starts at the script, never
+    at the harness (whose file would be taken for the script an op was reached from)."""
+    harness = tmp_path / "harness.py"
+    harness.write_text(
+        textwrap.dedent(
+            f"""\
+            from opguard.cli import main
+
+            def launch():
+                main(["record", "-o", {str(tmp_path / "run")!r}, "--", {str(TINY)!r}])
+
+            launch()
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(harness)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    with Run(tmp_path / "run") as run:
+        trace = run.rank(0)
+        outermost = {trace.stack(op.stack_id)[0].file for op in trace.ops() if op.stack_id}
+    assert outermost == {str(TINY)}
 
 
 # -- recording in code -----------------------------------------------------------------------

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -20,6 +19,7 @@ import anyio
 import lmdb
 import msgpack
 import pytest
+import warm
 from conftest import REPO, line_of, opguard_cmd, run_cli
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.types import CallToolResult, TextContent
@@ -59,7 +59,7 @@ def runs(demo_runs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory)
     env.close()
     captured = {"CA": root / "capture-a", "CB": root / "capture-b"}
     recordings = [
-        subprocess.Popen(
+        warm.start(
             opguard_cmd(
                 "record",
                 "-o",
@@ -72,9 +72,6 @@ def runs(demo_runs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory)
                 str(DEMO / f"train_{script}.py"),
             ),
             cwd=root,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
         )
         for out, script in zip(captured.values(), ("baseline", "refactored"), strict=True)
     ]

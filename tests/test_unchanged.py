@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import warm
 from scenario_runs import ENV, RECORDINGS, SCRIPT_ARGS, Recordings, session_recordings
 
 from opguard.store import Run
@@ -56,12 +56,10 @@ def test_recording_changes_nothing_the_training_computes(
 ) -> None:
     (run_dir,) = runs(name)
     script, _ = RECORDINGS[name]
-    plain = subprocess.run(
+    plain = warm.run(
         [sys.executable, str(ITEM_VALUES), str(script), *SCRIPT_ARGS.get(name, ())],
         cwd=tmp_path,
         env={**os.environ, **ENV},
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert plain.returncode == 0, plain.stderr

@@ -22,12 +22,12 @@ Test code, not shipped: tests import it, and benchmarks (``bench/tolerant_pairs.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import warm
 from run_once import BATCH_TIMEOUT
 
 SCENARIOS = Path(__file__).resolve().parent / "data" / "tolerant"
@@ -189,19 +189,12 @@ def record_runs(root: Path, names: list[str], options: tuple[str, ...] = ()) -> 
     """Records the runs ``names`` under ``root`` with ``opguard record OPTIONS``, all at once,
     and returns their directories."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    jobs = {
-        name: subprocess.Popen(  # cwd=root: never the repository root (see conftest.run_cli)
-            record_command(name, root / name, options),
-            cwd=root,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+    jobs = {  # cwd=root: never the repository root (see conftest.run_cli)
+        name: warm.start(record_command(name, root / name, options), cwd=root, env=env)
         for name in names
     }
     for name, job in jobs.items():
-        out, _ = job.communicate(timeout=BATCH_TIMEOUT)
+        out, err = job.communicate(timeout=BATCH_TIMEOUT)
         if job.returncode != 0:
-            raise RuntimeError(f"recording {name} failed:\n{out}")
+            raise RuntimeError(f"recording {name} failed:\n{out}{err}")
     return {name: root / name for name in names}

@@ -57,8 +57,11 @@ class CallSites:
     it meets a code object (user code or not?) or an instruction in user code (its site id),
     and the writer only the first time it meets a stack (its id)."""
 
-    def __init__(self, writer: TraceWriter) -> None:
+    def __init__(self, writer: TraceWriter, launcher: frozenset[CodeType] = frozenset()) -> None:
+        """``launcher``: the code beneath the recorded program (:func:`code_beneath`), never
+        a call site whatever its file."""
         self._writer = writer
+        self._launcher = launcher
         self._rules = _classifier()
         self._locations: dict[int, tuple[str, int]] = {}  # site id -> (file, line)
         self.walker = _C.StackWalker(self._is_user_code, self._site_id, writer.intern_stack)
@@ -69,7 +72,7 @@ class CallSites:
         self.capture: Callable[[FrameType | None], tuple[int, int] | None] = self.walker.capture
 
     def _is_user_code(self, code: CodeType) -> bool:
-        return self.is_user_file(code.co_filename)
+        return code not in self._launcher and self.is_user_file(code.co_filename)
 
     def is_user_file(self, filename: str) -> bool:
         """Whether code in ``filename`` is the user's (its frames can be call sites)."""
@@ -99,6 +102,19 @@ class CallSites:
     def files(self) -> set[str]:
         """The files of every call site interned so far."""
         return {file for file, _ in self._locations.values()}
+
+
+def code_beneath(frame: FrameType | None) -> frozenset[CodeType]:
+    """The code of ``frame`` and of every frame beneath it: where ``opguard record`` runs the
+    program from, beneath every op it records. OpGuard's own and the interpreter's are never
+    call sites anyway; a harness that runs OpGuard's command line in its own Python code is
+    not the recorded program either (else its file would be the outermost user code of every
+    stack, the script each op is said to be reached from)."""
+    codes = set()
+    while frame is not None:
+        codes.add(frame.f_code)
+        frame = frame.f_back
+    return frozenset(codes)
 
 
 def generated_by_inductor(path: str) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 from ..children import ERROR_PREFIX
 from ..record_options import OptionError, RecordOptions, add_switches
 from ..store import TraceError
+from .callsite import code_beneath
 from .session import TERMINATED, RecordingSession, StepLimitReached
 from .termination import Terminated
 
@@ -89,6 +90,7 @@ def run_recorded(target: Target, run_dir: Path, options: RecordOptions, command:
     sys.path.insert(
         0, os.getcwd() if target.is_module else os.path.dirname(os.path.abspath(target.path))
     )
+    session.launcher = code_beneath(sys._getframe())
     session.start()
     status, code, error = "finished", 0, None
     try:

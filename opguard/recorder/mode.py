@@ -74,13 +74,18 @@ class StepState:
 
 class OpRecorder(TorchDispatchMode):
     def __init__(
-        self, writer: Any, steps: StepState, on_failure: Callable[[int, BaseException], None]
+        self,
+        writer: Any,
+        steps: StepState,
+        on_failure: Callable[[int, BaseException], None],
+        launcher: frozenset[CodeType] = frozenset(),
     ) -> None:
+        """``launcher``: the code beneath the recorded program (:class:`CallSites`)."""
         super().__init__()
         self._writer = writer
         self._thread = threading.get_ident()  # the training's thread: it calls backward()
         writer.pack_deferred = _C.OpRecord.pack_all  # the GPU records it defers (_after)
-        self._sites = CallSites(writer)
+        self._sites = CallSites(writer, launcher)
         self._on_failure = on_failure
         self._infos: dict[Any, OpInfo] = {}
         # ATen ops' infos by id(): an OpOverload's hash is a Python call (the op itself stays

@@ -13,6 +13,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 import torch
@@ -124,6 +125,8 @@ class RecordingSession:
         self._recorder: OpRecorder | None = None
         self._hooks: list[Any] = []
         self._stopped_reason: str | None = None
+        # The code beneath the recorded program, where `opguard record` runs it from (launch.py)
+        self.launcher: frozenset[CodeType] = frozenset()
         self.eager = chosen.eager
         self.verify_inputs = chosen.verify_inputs
         self.perturb_rounding = chosen.perturb_rounding
@@ -180,7 +183,7 @@ class RecordingSession:
 
     def _start_op_level(self) -> None:
         """The op recorder, its GPU activity collection and the settings it runs best with."""
-        self._recorder = OpRecorder(self.writer, self.state, self._on_failure)
+        self._recorder = OpRecorder(self.writer, self.state, self._on_failure, self.launcher)
         self._recorder.verify_inputs = self.verify_inputs
         if self.capture is not None:
             self._capturer = Capturer(self.capture, self.capture_limit, self.writer)

@@ -1,0 +1,287 @@
+"""Python commands of the tests run in a fork of a process that has imported torch already.
+
+A test that records a script as a user would (``python -m opguard record -- train.py``) starts a
+Python that imports torch and, at its optimizer's first step, ``torch._dynamo``: 3–4 s of CPU
+before the script's first line, most of the test suite's time. :func:`run` and :class:`Popen`
+take the same command lines as :mod:`subprocess` (``[sys.executable, "-m", MODULE, ARGS…]`` or
+``[sys.executable, SCRIPT, ARGS…]``) and run each in a process of its own, with its working
+directory, environment, ``sys.argv``, ``sys.path``, standard streams and exit status as a fresh
+interpreter would have them, but forked from a server (:mod:`multiprocessing`'s forkserver,
+one per test worker) that imported torch once.
+
+What a fresh interpreter would do differently, and how it is made the same:
+
+- torch read the environment when it was imported: the command's ``OMP_NUM_THREADS`` is
+  applied with ``torch.set_num_threads``; no other import-time variable is (a test that needs
+  one runs the command with :mod:`subprocess`, as does one that asks which modules a command
+  imports);
+- the server's standard streams: replaced by the command's (``PYTHONUNBUFFERED`` honoured);
+- ``multiprocessing`` sees a child process, not a daemon: it may start processes of its own
+  (nothing else in OpGuard or torch asks);
+- interpreter exit: non-daemon threads are joined and ``atexit`` handlers run, as at the end of
+  ``python``, before the process exits with the command's status;
+- the frames beneath the command (the forkserver's, this module's): ``opguard record`` takes
+  none beneath its launcher for a call site (``opguard.recorder.callsite.code_beneath``), and a
+  script's traceback is printed from the script's own frame.
+
+Output is captured to files and read when the process has ended, so a test that reads a
+command's output while it runs uses :mod:`subprocess`. ``OPGUARD_TESTS_COLD=1`` runs every
+command with :mod:`subprocess`, for comparison or when something here is in doubt.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import multiprocessing
+import os
+import runpy
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+PRELOAD = ("torch", "torch._dynamo")  # what every command would import first, and slowly
+COLD = os.environ.get("OPGUARD_TESTS_COLD") == "1"
+
+_context: multiprocessing.context.ForkServerContext | None = None
+_starting = threading.Lock()
+_fresh_path: list[str] = []  # sys.path of `python` with no PYTHONPATH, less its first entry
+
+
+def _server() -> multiprocessing.context.ForkServerContext:
+    global _context
+    with _starting:
+        if _context is None:
+            _fresh_path[:] = _interpreter_path()
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(list(PRELOAD))
+            _context = context
+        return _context
+
+
+def _interpreter_path() -> list[str]:
+    """The ``sys.path`` a fresh ``python`` starts with after its first entry (the script's
+    directory or the working directory), without any ``PYTHONPATH``."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = "import sys; print(repr(sys.path[1:]))"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    path: list[str] = eval(done.stdout)  # a list of strings, printed by repr
+    return path
+
+
+def _target(args: Sequence[str]) -> tuple[str, str, list[str]] | None:
+    """``("module" | "script", NAME, ARGS)`` for a command this module can run, else None."""
+    if not args or args[0] != sys.executable or len(args) < 2:
+        return None
+    if args[1] == "-m" and len(args) > 2:
+        return "module", args[2], list(args[3:])
+    if not args[1].startswith("-"):
+        return "script", args[1], list(args[2:])
+    return None
+
+
+class Popen:
+    """A command started as by :class:`subprocess.Popen` with ``stdout`` and ``stderr``
+    captured as text; what a test calls on one: ``pid``, ``poll``, ``wait``, ``communicate``,
+    ``send_signal``, ``terminate``, ``kill``, ``returncode``."""
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        cwd: str | os.PathLike[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        target = _target(args)
+        if target is None:
+            raise ValueError(f"not a Python command of this interpreter: {list(args)}")
+        self.args = list(args)
+        self.returncode: int | None = None
+        self._dir = Path(tempfile.mkdtemp(prefix="warm-"))
+        self._streams = (self._dir / "stdout", self._dir / "stderr")
+        command = (*target, str(cwd or os.getcwd()), dict(os.environ if env is None else env))
+        self._process = _server().Process(
+            target=_run_command, args=(*command, _fresh_path, *map(str, self._streams))
+        )
+        self._process.start()
+        self.pid: int = self._process.pid or 0
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not self._process.is_alive():
+            self._process.join()
+            self.returncode = self._process.exitcode
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """The command's stdout and stderr once it has ended (``TimeoutExpired`` if it runs
+        past ``timeout``; it keeps running, as with :mod:`subprocess`)."""
+        self.wait(timeout)
+        out, err = (p.read_text(errors="replace") if p.exists() else "" for p in self._streams)
+        shutil.rmtree(self._dir, ignore_errors=True)
+        return out, err
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def run(
+    args: Sequence[str],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(args, cwd=…, env=…, timeout=…, capture_output=True, text=True)``, in
+    a fork of the warm server where the command is one it runs (:class:`Popen`), else exactly
+    that."""
+    if COLD or _target(args) is None:
+        return subprocess.run(
+            list(args), cwd=cwd, env=env, timeout=timeout, capture_output=True, text=True
+        )
+    process = Popen(args, cwd=cwd, env=env)
+    try:
+        out, err = process.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
+    assert process.returncode is not None
+    return subprocess.CompletedProcess(list(args), process.returncode, out, err)
+
+
+def start(
+    args: Sequence[str],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> Popen | subprocess.Popen[str]:
+    """A started command whose output is read when it has ended (``communicate``)."""
+    if COLD or _target(args) is None:
+        return subprocess.Popen(
+            list(args),
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    return Popen(args, cwd=cwd, env=env)
+
+
+# -- in the forked process ----------------------------------------------------------------------
+
+
+def _run_command(
+    kind: str,
+    name: str,
+    args: list[str],
+    cwd: str,
+    env: dict[str, str],
+    fresh_path: list[str],
+    out: str,
+    err: str,
+) -> None:
+    """The command, in the process forked for it: set up as a fresh ``python`` would be, run
+    as ``python -m NAME ARGS`` or ``python NAME ARGS``, ended as ``python`` ends."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    sys.stdout = _stream(1, out, unbuffered, line_buffered=False)
+    sys.stderr = _stream(2, err, unbuffered, line_buffered=True)
+    threads = env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
+    first = cwd if kind == "module" else os.path.dirname(os.path.abspath(name))
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [first, *extra, *fresh_path]
+    sys.argv = [name, *args]  # runpy puts the module's file in argv[0]
+    code = 0
+    try:
+        if kind == "module":
+            runpy.run_module(name, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(name, run_name="__main__")
+    except SystemExit as exit_:
+        code = _exit_status(exit_.code)
+    except BaseException as error:
+        _print_traceback(error)
+        code = 1
+    code = _end_as_python_ends(code)
+    os._exit(code)
+
+
+def _print_traceback(error: BaseException) -> None:
+    """The traceback ``python`` prints for an exception out of its main module: from the
+    command's first frame (not this module's or runpy's)."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in _LAUNCHING:
+        tb = tb.tb_next
+    traceback.print_exception(type(error), error, tb)
+
+
+_LAUNCHING = {__file__, runpy.__file__, "<frozen runpy>"}
+
+
+def _stream(fd: int, path: str, unbuffered: bool, *, line_buffered: bool) -> io.TextIOWrapper:
+    """File descriptor ``fd`` pointed at ``path``, and the text stream Python gives it."""
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(target, fd)
+    os.close(target)
+    raw = open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)  # noqa: SIM115
+    return io.TextIOWrapper(
+        raw,  # type: ignore[arg-type]
+        encoding="utf-8",
+        errors="backslashreplace" if fd == 2 else "strict",
+        line_buffering=line_buffered,
+        write_through=unbuffered,
+    )
+
+
+def _exit_status(code: object) -> int:
+    """The exit status ``sys.exit(code)`` gives a Python process."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _end_as_python_ends(code: int) -> int:
+    """What ``python`` does after the main module: wait for non-daemon threads, run the
+    ``atexit`` handlers (whose ``SystemExit`` sets the status), flush the streams."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    try:
+        atexit._run_exitfuncs()
+    except SystemExit as exit_:
+        code = _exit_status(exit_.code)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed by the command
+            stream.flush()
+    return code
