@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import warm
 from conftest import cli_in_process, line_of, opguard_cmd
 from sketch_reference import stored_sketch
 from test_docs import assert_specified
@@ -256,12 +257,10 @@ def test_records_without_sketches_give_the_bitwise_answer(generated: Path) -> No
 
 
 def _record(root: Path, name: str, options: list[str], script: list[str]) -> None:
-    done = subprocess.run(
+    done = warm.run(
         opguard_cmd("record", "-o", name, "--steps-only", *options, "--", str(SCRIPT), *script),
         cwd=root,
         env=ENV,
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     assert done.returncode == 0, (name, done.stderr)
