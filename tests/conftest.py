@@ -120,7 +120,7 @@ def _record_demo(root: Path) -> None:
     for name in DEMO_RUNS:
         script = REPO / "opguard" / "demo" / f"train_{name}.py"
         command = opguard_cmd("record", "-o", str(root / name), "--", str(script))
-        recordings.append(warm.start(command, cwd=root))  # never the repository root: run_cli
+        recordings.append(warm.Popen(command, cwd=root))  # never the repository root: run_cli
     for recording in recordings:
         _, err = recording.communicate(timeout=BATCH_TIMEOUT)
         assert recording.returncode == 0, err

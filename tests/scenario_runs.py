@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -152,7 +151,7 @@ class Recordings:
         failed = self.root / f"{name}{FAILED}"
         return failed.read_text() if failed.exists() else None
 
-    def _start(self, name: str) -> warm.Popen | subprocess.Popen[str]:
+    def _start(self, name: str) -> warm.Popen:
         """``opguard record -o ROOT/NAME [OPTIONS] -- SCRIPT [ARGS]``, as a user runs it."""
         script, options = RECORDINGS[name]
         command = [
@@ -164,7 +163,7 @@ class Recordings:
             str(script),
             *SCRIPT_ARGS.get(name, ()),
         ]
-        return warm.start(
+        return warm.Popen(
             [sys.executable, "-m", "opguard", *command], cwd=self.root, env={**os.environ, **ENV}
         )
 

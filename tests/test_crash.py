@@ -2,8 +2,8 @@
 random moments, a full disk, and readers (diff, show, the TUI's model) of a run that is still
 being recorded.
 
-Every case records ``tests/scripts/crash_train.py`` with ``opguard record`` in a subprocess, as
-a user would, several at a time. Each trace must open, say that it is partial and where it ends,
+Every case records ``tests/scripts/crash_train.py`` with ``opguard record`` in a process of its
+own (tests/warm.py), as a user would, several at a time. Each trace must open, say that it is partial and where it ends,
 and agree op for op with a complete recording of the same script up to that point; the losses
 the killed training printed must be the complete run's. ``OPGUARD_TEST_KILLS`` sets the number
 of kills (default 12, four of each kind; ``OPGUARD_TEST_KILLS=200 pytest tests/test_crash.py``
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import warm
 from conftest import cli_in_process as cli
 from conftest import opguard_cmd
 
@@ -116,23 +117,13 @@ def _plan(root: Path) -> list[Kill]:
 
 def _run(kill: Kill) -> Kill:
     extra = ("--raise-at", kill.raise_at) if kill.raise_at else ()
-    proc = subprocess.Popen(
-        record_command(kill.run_dir, *extra),
-        cwd=kill.run_dir.parent,
-        env=ENV,
-        # Unbuffered: readline() takes the first line and nothing after it, which
-        # communicate() (reading the pipe itself) would never see.
-        bufsize=0,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    assert proc.stdout is not None
-    first = proc.stdout.readline().decode()  # step 0 is done: recording is under way
+    proc = warm.Popen(record_command(kill.run_dir, *extra), cwd=kill.run_dir.parent, env=ENV)
+    first = proc.first_line(timeout=600)  # step 0 is done: recording is under way
     if kill.kind != "exception" and first.startswith("loss "):
         time.sleep(kill.delay)
         proc.send_signal(signal.SIGKILL if kill.kind == "sigkill" else signal.SIGTERM)
-    rest, err = proc.communicate(timeout=600)
-    kill.stdout, kill.stderr, kill.returncode = first + rest.decode(), err.decode(), proc.returncode
+    kill.stdout, kill.stderr = proc.communicate(timeout=600)
+    kill.returncode = proc.returncode or 0
     return kill
 
 
@@ -140,9 +131,7 @@ def _run(kill: Kill) -> Kill:
 def complete(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     """The script recorded to its end: what every killed run is compared with."""
     root = tmp_path_factory.mktemp("complete")
-    result = subprocess.run(
-        record_command(root / "run"), cwd=root, env=ENV, capture_output=True, text=True
-    )
+    result = warm.run(record_command(root / "run"), cwd=root, env=ENV)
     assert result.returncode == 0, result.stderr
     assert len(losses(result.stdout)) == STEPS
     return root / "run", losses(result.stdout)

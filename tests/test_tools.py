@@ -59,7 +59,7 @@ def runs(demo_runs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory)
     env.close()
     captured = {"CA": root / "capture-a", "CB": root / "capture-b"}
     recordings = [
-        warm.start(
+        warm.Popen(
             opguard_cmd(
                 "record",
                 "-o",

@@ -190,7 +190,7 @@ def record_runs(root: Path, names: list[str], options: tuple[str, ...] = ()) -> 
     and returns their directories."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     jobs = {  # cwd=root: never the repository root (see conftest.run_cli)
-        name: warm.start(record_command(name, root / name, options), cwd=root, env=env)
+        name: warm.Popen(record_command(name, root / name, options), cwd=root, env=env)
         for name in names
     }
     for name, job in jobs.items():

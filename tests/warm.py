@@ -24,9 +24,10 @@ What a fresh interpreter would do differently, and how it is made the same:
   none beneath its launcher for a call site (``opguard.recorder.callsite.code_beneath``), and a
   script's traceback is printed from the script's own frame.
 
-Output is captured to files and read when the process has ended, so a test that reads a
-command's output while it runs uses :mod:`subprocess`. ``OPGUARD_TESTS_COLD=1`` runs every
-command with :mod:`subprocess`, for comparison or when something here is in doubt.
+Output goes to files, read when the process has ended (:meth:`Popen.communicate`), or its first
+line once it is written (:meth:`Popen.first_line`). ``OPGUARD_TESTS_COLD=1`` starts every
+command with :mod:`subprocess` instead (into the same files), for comparison or when something
+here is in doubt.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -88,9 +90,11 @@ def _target(args: Sequence[str]) -> tuple[str, str, list[str]] | None:
 
 
 class Popen:
-    """A command started as by :class:`subprocess.Popen` with ``stdout`` and ``stderr``
-    captured as text; what a test calls on one: ``pid``, ``poll``, ``wait``, ``communicate``,
-    ``send_signal``, ``terminate``, ``kill``, ``returncode``."""
+    """A started command whose stdout and stderr go to files, read as text: what a test calls
+    on a :class:`subprocess.Popen` (``pid``, ``poll``, ``wait``, ``communicate``,
+    ``send_signal``, ``terminate``, ``kill``, ``returncode``), and :meth:`first_line`. Forked
+    from the warm server where the command is one it runs, else started by :mod:`subprocess`
+    (``OPGUARD_TESTS_COLD=1``: always)."""
 
     def __init__(
         self,
@@ -99,38 +103,69 @@ class Popen:
         cwd: str | os.PathLike[str] | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
-        target = _target(args)
-        if target is None:
-            raise ValueError(f"not a Python command of this interpreter: {list(args)}")
         self.args = list(args)
         self.returncode: int | None = None
         self._dir = Path(tempfile.mkdtemp(prefix="warm-"))
         self._streams = (self._dir / "stdout", self._dir / "stderr")
-        command = (*target, str(cwd or os.getcwd()), dict(os.environ if env is None else env))
-        self._process = _server().Process(
-            target=_run_command, args=(*command, _fresh_path, *map(str, self._streams))
-        )
-        self._process.start()
-        self.pid: int = self._process.pid or 0
+        for stream in self._streams:
+            stream.touch()  # read from the start (first_line), before the command writes
+        where, environment = str(cwd or os.getcwd()), dict(os.environ if env is None else env)
+        target = None if COLD else _target(args)
+        self._forked: multiprocessing.process.BaseProcess | None = None
+        self._started: subprocess.Popen[bytes] | None = None
+        if target is not None:
+            self._forked = _server().Process(
+                target=_run_command,
+                args=(*target, where, environment, _fresh_path, *map(str, self._streams)),
+            )
+            self._forked.start()
+            self.pid: int = self._forked.pid or 0
+        else:
+            with self._streams[0].open("wb") as out, self._streams[1].open("wb") as err:
+                self._started = subprocess.Popen(
+                    self.args, cwd=where, env=environment, stdout=out, stderr=err
+                )
+            self.pid = self._started.pid
 
     def poll(self) -> int | None:
-        if self.returncode is None and not self._process.is_alive():
-            self._process.join()
-            self.returncode = self._process.exitcode
+        if self.returncode is None:
+            if self._started is not None:
+                self.returncode = self._started.poll()
+            elif self._forked is not None and not self._forked.is_alive():
+                self._forked.join()
+                self.returncode = self._forked.exitcode
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        self._process.join(timeout)
+        if self._started is not None:
+            self._started.wait(timeout)
+        elif self._forked is not None:
+            self._forked.join(timeout)
         if self.poll() is None:
             raise subprocess.TimeoutExpired(self.args, timeout or 0)
         assert self.returncode is not None
         return self.returncode
 
+    def first_line(self, timeout: float) -> str:
+        """The first line the command writes to stdout, once it has (``''`` if it ends
+        without one): what a test waits for before signalling a run under way. Its stdout
+        must be unbuffered (``PYTHONUNBUFFERED=1``) for the line to arrive as it is printed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self._streams[0].read_text(errors="replace")
+            if "\n" in text:
+                return text.split("\n", 1)[0] + "\n"
+            if self.poll() is not None:
+                return self._streams[0].read_text(errors="replace")
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.005)
+
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
-        """The command's stdout and stderr once it has ended (``TimeoutExpired`` if it runs
-        past ``timeout``; it keeps running, as with :mod:`subprocess`)."""
+        """The command's whole stdout and stderr once it has ended (``TimeoutExpired`` if it
+        runs past ``timeout``; it keeps running, as with :mod:`subprocess`)."""
         self.wait(timeout)
-        out, err = (p.read_text(errors="replace") if p.exists() else "" for p in self._streams)
+        out, err = (stream.read_text(errors="replace") for stream in self._streams)
         shutil.rmtree(self._dir, ignore_errors=True)
         return out, err
 
@@ -152,13 +187,8 @@ def run(
     env: dict[str, str] | None = None,
     timeout: float | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run(args, cwd=…, env=…, timeout=…, capture_output=True, text=True)``, in
-    a fork of the warm server where the command is one it runs (:class:`Popen`), else exactly
-    that."""
-    if COLD or _target(args) is None:
-        return subprocess.run(
-            list(args), cwd=cwd, env=env, timeout=timeout, capture_output=True, text=True
-        )
+    """``subprocess.run(args, cwd=…, env=…, timeout=…, capture_output=True, text=True)``,
+    forked from the warm server where the command is one it runs (:class:`Popen`)."""
     process = Popen(args, cwd=cwd, env=env)
     try:
         out, err = process.communicate(timeout)
@@ -168,25 +198,6 @@ def run(
         raise
     assert process.returncode is not None
     return subprocess.CompletedProcess(list(args), process.returncode, out, err)
-
-
-def start(
-    args: Sequence[str],
-    *,
-    cwd: str | os.PathLike[str] | None = None,
-    env: dict[str, str] | None = None,
-) -> Popen | subprocess.Popen[str]:
-    """A started command whose output is read when it has ended (``communicate``)."""
-    if COLD or _target(args) is None:
-        return subprocess.Popen(
-            list(args),
-            cwd=cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-    return Popen(args, cwd=cwd, env=env)
 
 
 # -- in the forked process ----------------------------------------------------------------------
