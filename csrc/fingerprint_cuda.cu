@@ -686,8 +686,9 @@ __device__ __forceinline__ void await_copies() {
 }
 
 // The slots of staged_body()'s loads, one set per block whichever pass (trusted or not) uses it.
-__device__ __forceinline__ uint4 (&stage_slots())[kStages > 0 ? kStages : 1][kThreads] {
-  __shared__ uint4 slots[kStages > 0 ? kStages : 1][kThreads];
+using StageSlots = uint4[kStages > 0 ? kStages : 1][kThreads];
+__device__ __forceinline__ StageSlots& stage_slots() {
+  __shared__ StageSlots slots;
   return slots;
 }
 
@@ -738,7 +739,7 @@ __device__ __forceinline__ void staged_body(const Args& a, uint64_t p, uint64_t 
       st.add_sums(vals);
       sk.pair_finite(vals, offset, signs);
     } else {
-      chunk_sketch<K>(w0, w1, vals, kTrusted || st.all_finite(vals), offset, signs, a, st, sk);
+      chunk_sketch<K>(w0, w1, vals, st.all_finite(vals), offset, signs, a, st, sk);
     }
   };
   uint32_t i = 0;
@@ -836,8 +837,7 @@ __device__ __forceinline__ void contiguous_body(const Args& a, uint64_t first, u
           st.add_sums(vals);
           sk.pair_finite(vals, offset, signs);
         } else {
-          chunk_sketch<K>(w0, w1, vals, kTrusted || st.all_finite(vals), offset, signs, a, st,
-                          sk);
+          chunk_sketch<K>(w0, w1, vals, kTrusted || st.all_finite(vals), offset, signs, a, st, sk);
         }
       } else {
         chunk_stats<K>(w0, w1, a, st);
