@@ -18,8 +18,9 @@ What a fresh interpreter would do differently, and how it is made the same:
 - the server's standard streams: replaced by the command's (``PYTHONUNBUFFERED`` honoured);
 - ``multiprocessing`` sees a child process, not a daemon: it may start processes of its own
   (nothing else in OpGuard or torch asks);
-- interpreter exit: non-daemon threads are joined and ``atexit`` handlers run, as at the end of
-  ``python``, before the process exits with the command's status;
+- interpreter exit: threading's shutdown (its exit callbacks, then non-daemon threads joined)
+  and the ``atexit`` handlers run, as at the end of ``python``, before the process exits with
+  the command's status (a thread pool a module still holds, as Inductor's, ends as there);
 - the frames beneath the command (the forkserver's, this module's): ``opguard record`` takes
   none beneath its launcher for a call site (``opguard.recorder.callsite.code_beneath``), and a
   script's traceback is printed from the script's own frame.
@@ -283,11 +284,10 @@ def _exit_status(code: object) -> int:
 
 
 def _end_as_python_ends(code: int) -> int:
-    """What ``python`` does after the main module: wait for non-daemon threads, run the
-    ``atexit`` handlers (whose ``SystemExit`` sets the status), flush the streams."""
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    """What ``python`` does after the main module: threading's shutdown (its exit callbacks,
+    which tell ``concurrent.futures`` workers to stop, then a wait for non-daemon threads), the
+    ``atexit`` handlers (whose ``SystemExit`` sets the status), the streams flushed."""
+    threading._shutdown()  # what Py_FinalizeEx calls first
     try:
         atexit._run_exitfuncs()
     except SystemExit as exit_:
