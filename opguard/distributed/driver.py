@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -45,7 +46,14 @@ class RayUnavailable(TraceError):
 @contextmanager
 def connected(address: str) -> Iterator[Any]:
     """The ``ray`` module, connected to the cluster at ``address`` for the block (a session
-    already open in this process is used as it is)."""
+    already open in this process is used as it is). Standard output is standard error in the
+    block: Ray's driver prints what the cluster reports (a node marked dead) to standard output,
+    which holds ``--json``'s object alone."""
+    with redirect_stdout(sys.stderr):
+        yield from _connected(address)
+
+
+def _connected(address: str) -> Iterator[Any]:
     try:
         import ray
     except ImportError:

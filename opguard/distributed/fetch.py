@@ -67,13 +67,17 @@ def compared_at_hand(
 ) -> Iterator[tuple[RunDiff, Run, Run]]:
     """Two runs compared (here, or with ``ray`` on that cluster) and open for the block with
     the traces their reader needs: the whole runs here, the ranks of :func:`ranks_at_hand`
-    after a comparison on a cluster."""
+    after a comparison on a cluster, fetched before the block (which runs disconnected, its
+    output its own)."""
     if ray is None:
         with Run(path_a) as run_a, Run(path_b) as run_b:
             yield diff_runs(run_a, run_b, rank=rank, step=step, tolerance=tolerance), run_a, run_b
         return
     cluster: Any
-    with connected(ray) as cluster:
-        found = diff_on_cluster(cluster, path_a, path_b, rank=rank, step=step, tolerance=tolerance)
-        with runs_at_hand(found, ranks_at_hand(found.result)) as (run_a, run_b):
-            yield found.result, run_a, run_b
+    with ExitStack() as opened:
+        with connected(ray) as cluster:
+            found = diff_on_cluster(
+                cluster, path_a, path_b, rank=rank, step=step, tolerance=tolerance
+            )
+            run_a, run_b = opened.enter_context(runs_at_hand(found, ranks_at_hand(found.result)))
+        yield found.result, run_a, run_b
