@@ -428,29 +428,30 @@ struct PairMinMax {
   static constexpr uint32_t kPosInf = kBF16 ? 0x7F807F80u : 0x7C007C00u;
   uint32_t mn = kPosInf, mx = kPosInf | 0x80008000u;  // +inf and -inf in both halves
 
-  __device__ __forceinline__ static uint32_t min2(uint32_t a, uint32_t b) {
+  // The min (kMax: the max) of the pairs a and b, half by half.
+  template <bool kMax>
+  __device__ __forceinline__ static uint32_t extreme2(uint32_t a, uint32_t b) {
     uint32_t d;
-    if constexpr (kBF16) {
+    if constexpr (kBF16 && kMax) {
+      asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    } else if constexpr (kBF16) {
       asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    } else if constexpr (kMax) {
+      asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     } else {
       asm("min.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     }
     return d;
   }
-  __device__ __forceinline__ static uint32_t max2(uint32_t a, uint32_t b) {
-    uint32_t d;
-    if constexpr (kBF16) {
-      asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    } else {
-      asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    }
-    return d;
+  template <bool kMax>
+  __device__ __forceinline__ static uint32_t extreme(uint32_t acc, const uint4& r) {
+    return extreme2<kMax>(extreme2<kMax>(acc, r.x), extreme2<kMax>(r.y, extreme2<kMax>(r.z, r.w)));
   }
 
   // The eight values of one 16-byte load, all finite.
   __device__ __forceinline__ void add(const uint4& r) {
-    mn = min2(min2(mn, r.x), min2(r.y, min2(r.z, r.w)));
-    mx = max2(max2(mx, r.x), max2(r.y, max2(r.z, r.w)));
+    mn = extreme<false>(mn, r);
+    mx = extreme<true>(mx, r);
   }
 
   __device__ __forceinline__ void fold(ThreadStats<float>& st) const {
