@@ -17,12 +17,15 @@
    backward, optimizer) returns on the host and when the GPU finishes it, from the step's
    start. A phase whose GPU end follows its host end by little had the GPU waiting for the host.
    Also how long the trace writer spent committing to LMDB during each phase: each commit
-   trades the GIL with the recording thread once per record.
+   trades the GIL with the recording thread once per record. With ``--steps-only``, for the
+   step level alone.
 
     python bench/overhead_profile.py [--steps 3] [--top 20] [--batch 8] [--seq 1024]
-                                     [--gpu | --phases] [--bf16] [--steps-only]
+                                     [--gpu | --phases] [--bf16] [--compile] [--steps-only]
 
-``--bf16``: the forward under bf16 autocast (bench/overhead.py's ``--bf16``).
+``--bf16``: the forward under bf16 autocast, ``--compile``: the model through ``torch.compile``
+(bench/overhead.py's ``--bf16`` and ``--compile``; a warm-up step compiles it before anything is
+timed).
 """
 
 from __future__ import annotations
@@ -76,17 +79,18 @@ def main() -> None:
     parser.add_argument("--gpu", action="store_true", help="GPU time by kernel instead")
     parser.add_argument("--phases", action="store_true", help="host and GPU time by phase")
     parser.add_argument("--bf16", action="store_true", help="the forward under bf16 autocast")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument(
         "--steps-only", action="store_true", help="the step level alone, and its parts"
     )
     args = parser.parse_args()
 
-    step, _ = build(args.batch, args.seq, bf16=args.bf16)
+    step, _ = build(args.batch, args.seq, compile=args.compile, bf16=args.bf16)
     step()  # warm-up outside the recording
     if args.gpu:
         gpu_time_by_kernel(step, args.steps, args.top)
     elif args.phases:
-        time_by_phase(step, args.steps)
+        time_by_phase(step, args.steps, args.steps_only)
     else:
         cpu_by_thread(step, args.steps, args.steps_only)
         time_by_part(step, args.steps, args.steps_only)
@@ -227,7 +231,7 @@ def gpu_time_by_kernel(step: Callable[[], float], steps: int, top: int) -> None:
         print(f"  {e.device_time_total / steps / 1e3:8.2f} ms {e.count // steps:6d}x  {e.key[:90]}")
 
 
-def time_by_phase(step: Callable[..., float], steps: int) -> None:
+def time_by_phase(step: Callable[..., float], steps: int, steps_only: bool = False) -> None:
     def phases(commits: list[tuple[float, float]]) -> dict[str, tuple[float, float, float]]:
         """{phase: (host ms, GPU ms, ms of it the writer spent committing)} from the step's
         start, medians over ``steps``; ``commits`` fills with the writer's (start, end)."""
@@ -269,7 +273,10 @@ def time_by_phase(step: Callable[..., float], steps: int) -> None:
 
     TraceWriter._commit = timed_commit  # type: ignore[method-assign]
     try:
-        with tempfile.TemporaryDirectory() as workdir, opguard.record(Path(workdir) / "run"):
+        with (
+            tempfile.TemporaryDirectory() as workdir,
+            opguard.record(Path(workdir) / "run", steps_only=steps_only),
+        ):
             step()
             recorded = phases(commits)
     finally:
