@@ -321,11 +321,13 @@ def test_diff_and_show_of_a_live_recording_read_a_consistent_prefix(
     complete_steps = ops_per_step(complete_dir)
     with live_recording(tmp_path, pause_at=PAUSE) as (proc, resume):
         live = tmp_path / "live"
-        deadline = time.monotonic() + 60  # the writer commits what was queued within 0.25 s
-        while (
-            ops_per_step(live).get(PAUSE - 1) != complete_steps[PAUSE - 1]
-            and time.monotonic() < deadline
-        ):
+        # The writer commits what was queued within 0.25 s, in batches: the step before the
+        # pause whole, and what the script ran after it (`loss.item()`) in step PAUSE.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            counts = ops_per_step(live)
+            if counts.get(PAUSE - 1) == complete_steps[PAUSE - 1] and counts.get(PAUSE):
+                break
             time.sleep(0.05)
         paused = diff_against(complete_dir, live)
         assert paused["verdict"] == "identical"
