@@ -1,9 +1,9 @@
 """Recordings of the scenario scripts (tests/scenarios/), shared by every test module and bench
 that needs them, so a pytest session records each script once.
 
-Each recording runs ``opguard record`` in a process of its own, as a user would (warm.py), and keeps the script's
-stdout and stderr beside the run directory (``NAME.stdout``, ``NAME.stderr``): the benchmark of
-the evidence bundle compares its size against them.
+Each recording runs ``opguard record`` in a process of its own, as a user would (warm.py), and
+keeps the script's stdout and stderr beside the run directory (``NAME.stdout``,
+``NAME.stderr``): the benchmark of the evidence bundle compares its size against them.
 """
 
 from __future__ import annotations

@@ -3,11 +3,12 @@ random moments, a full disk, and readers (diff, show, the TUI's model) of a run 
 being recorded.
 
 Every case records ``tests/scripts/crash_train.py`` with ``opguard record`` in a process of its
-own (tests/warm.py), as a user would, several at a time. Each trace must open, say that it is partial and where it ends,
-and agree op for op with a complete recording of the same script up to that point; the losses
-the killed training printed must be the complete run's. ``OPGUARD_TEST_KILLS`` sets the number
-of kills (default 12, four of each kind; ``OPGUARD_TEST_KILLS=200 pytest tests/test_crash.py``
-for a long soak), ``OPGUARD_TEST_KILL_SEED`` their random moments.
+own (tests/warm.py), as a user would, several at a time. Each trace must open, say that it is
+partial and where it ends, and agree op for op with a complete recording of the same script up
+to that point; the losses the killed training printed must be the complete run's.
+``OPGUARD_TEST_KILLS`` sets the number of kills (default 12, four of each kind;
+``OPGUARD_TEST_KILLS=200 pytest tests/test_crash.py`` for a long soak),
+``OPGUARD_TEST_KILL_SEED`` their random moments.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def _run(kill: Kill) -> Kill:
         time.sleep(kill.delay)
         proc.send_signal(signal.SIGKILL if kill.kind == "sigkill" else signal.SIGTERM)
     kill.stdout, kill.stderr = proc.communicate(timeout=600)
-    kill.returncode = proc.returncode or 0
+    kill.returncode = proc.wait()  # ended: its status at once
     return kill
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,8 +24,7 @@ from typing import Any
 
 import pytest
 import torch
-import warm
-from conftest import cli_in_process, line_of, opguard_cmd
+from conftest import cli_in_process, line_of, run_cli
 from state_runs import hunt_of
 from test_imports import cli_without
 
@@ -55,16 +53,12 @@ class Done:
 
 
 def _opguard(root: Path, *args: str) -> Done:
-    done = subprocess.run(
-        opguard_cmd(*args), cwd=root, env=ENV, capture_output=True, text=True, timeout=600
-    )
+    done = run_cli(*args, cwd=root, env=ENV, timeout=600)
     return Done(done.returncode, done.stdout, done.stderr)
 
 
 def _record(root: Path, name: str, options: list[str], script_args: list[str]) -> Done:
-    command = opguard_cmd("record", "-o", name, *options, "--", str(SCRIPT), *script_args)
-    done = warm.run(command, cwd=root, env=ENV, timeout=600)
-    return Done(done.returncode, done.stdout, done.stderr)
+    return _opguard(root, "record", "-o", name, *options, "--", str(SCRIPT), *script_args)
 
 
 @pytest.fixture(scope="module")

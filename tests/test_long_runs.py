@@ -26,7 +26,7 @@ import msgpack
 import pytest
 import torch
 import warm
-from conftest import cli_in_process, opguard_cmd
+from conftest import cli_in_process, opguard_cmd, run_cli
 from run_once import BATCH_TIMEOUT
 
 import opguard
@@ -68,8 +68,9 @@ class Recorded:
 
 def _record(root: Path, name: str, options: list[str], script_args: list[str]) -> Recorded:
     run = root / name
-    command = opguard_cmd("record", "-o", str(run), *options, "--", str(SCRIPT), *script_args)
-    done = warm.run(command, cwd=root, env=ENV, timeout=300)
+    done = run_cli(
+        "record", "-o", str(run), *options, "--", str(SCRIPT), *script_args, cwd=root, env=ENV
+    )
     return Recorded(run, done.stdout, done.returncode, done.stderr)
 
 
@@ -523,8 +524,8 @@ def test_numbers_past_what_a_trace_holds_are_refused_in_one_line(
     """As the user types it (a process of its own: before the fix the recording started, died
     of an OverflowError and left a run reading "running")."""
     run = tmp_path / "run"
-    command = opguard_cmd("record", "-o", str(run), *options, "--", str(SCRIPT), "--steps", "1")
-    done = warm.run(command, cwd=tmp_path, env=ENV)
+    args = ("record", "-o", str(run), *options, "--", str(SCRIPT), "--steps", "1")
+    done = run_cli(*args, cwd=tmp_path, env=ENV)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("opguard: error: ") and said in done.stderr, done.stderr
     assert len(done.stderr.splitlines()) == 1 and not run.exists()

@@ -19,7 +19,6 @@ import json
 import math
 import os
 import shlex
-import subprocess
 import zlib
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -28,8 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-import warm
-from conftest import cli_in_process, line_of, opguard_cmd
+from conftest import cli_in_process, line_of, run_cli
 from sketch_reference import stored_sketch
 from test_docs import assert_specified
 from traces import TraceBuilder
@@ -257,12 +255,8 @@ def test_records_without_sketches_give_the_bitwise_answer(generated: Path) -> No
 
 
 def _record(root: Path, name: str, options: list[str], script: list[str]) -> None:
-    done = warm.run(
-        opguard_cmd("record", "-o", name, "--steps-only", *options, "--", str(SCRIPT), *script),
-        cwd=root,
-        env=ENV,
-        timeout=600,
-    )
+    args = ("record", "-o", name, "--steps-only", *options, "--", str(SCRIPT), *script)
+    done = run_cli(*args, cwd=root, env=ENV, timeout=600)
     assert done.returncode == 0, (name, done.stderr)
 
 
@@ -362,14 +356,7 @@ def test_hunt_tolerant_names_the_op_and_its_line(recorded: Path) -> None:
     b = shlex.join([str(SCRIPT), "--rounded", "--lr-from", str(AT)])
     hunt = ["hunt", "-o", "hunt", "--a", str(SCRIPT), "--b", b, "--tolerant", "--json"]
     control = ["--noise", str(recorded / "control")]
-    done = subprocess.run(
-        opguard_cmd(*hunt, *control),
-        cwd=recorded,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = run_cli(*hunt, *control, cwd=recorded, env=ENV, timeout=600)
     assert done.returncode == 1, done.stderr
     result = json.loads(done.stdout)
     assert (result["verdict"], result["step"], result["reproduced"]) == ("diverged", AT, True)
