@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,19 @@ def test_a_warm_command_ends_as_python_does(name: str, tmp_path: Path) -> None:
     forked = warm.run(command, timeout=60, cwd=tmp_path)
     assert (forked.returncode, forked.stdout) == (cold.returncode, cold.stdout)
     assert _last_line(forked.stderr) == _last_line(cold.stderr)
+
+
+def test_commands_started_and_ended_from_several_threads_keep_their_status(tmp_path: Path) -> None:
+    """A test's thread pool starts commands while others end (multiprocessing polls every
+    child when it starts one): each keeps its own exit status, never the 255 of an exit status
+    read twice."""
+    script = tmp_path / "script.py"
+    script.write_text("import sys\nsys.exit(int(sys.argv[1]))\n")
+    statuses = list(range(3, 19))
+    with ThreadPoolExecutor(8) as pool:
+        done = list(
+            pool.map(
+                lambda s: warm.run([sys.executable, str(script), str(s)], timeout=120), statuses
+            )
+        )
+    assert [d.returncode for d in done] == statuses

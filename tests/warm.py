@@ -37,6 +37,7 @@ import atexit
 import contextlib
 import io
 import multiprocessing
+import multiprocessing.connection
 import os
 import runpy
 import shutil
@@ -55,6 +56,10 @@ COLD = os.environ.get("OPGUARD_TESTS_COLD") == "1"
 
 _context: multiprocessing.context.ForkServerContext | None = None
 _starting = threading.Lock()
+# multiprocessing's bookkeeping of children is not thread-safe: start() polls every child of the
+# process (its _cleanup), and a child polled by two threads at once has its exit status read by
+# one and end-of-file by the other, which takes it for 255. Every start and poll holds this.
+_children = threading.Lock()
 _fresh_path: list[str] = []  # sys.path of `python` with no PYTHONPATH, less its first entry
 
 
@@ -119,7 +124,8 @@ class Popen:
                 target=_run_command,
                 args=(*target, where, environment, _fresh_path, *map(str, self._streams)),
             )
-            self._forked.start()
+            with _children:
+                self._forked.start()
             self.pid: int = self._forked.pid or 0
         else:
             with self._streams[0].open("wb") as out, self._streams[1].open("wb") as err:
@@ -132,16 +138,18 @@ class Popen:
         if self.returncode is None:
             if self._started is not None:
                 self.returncode = self._started.poll()
-            elif self._forked is not None and not self._forked.is_alive():
-                self._forked.join()
-                self.returncode = self._forked.exitcode
+            elif self._forked is not None:
+                with _children:
+                    if not self._forked.is_alive():
+                        self._forked.join()
+                        self.returncode = self._forked.exitcode
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         if self._started is not None:
             self._started.wait(timeout)
-        elif self._forked is not None:
-            self._forked.join(timeout)
+        elif self._forked is not None:  # its end awaited without polling it (see _children)
+            multiprocessing.connection.wait([self._forked.sentinel], timeout)
         if self.poll() is None:
             raise subprocess.TimeoutExpired(self.args, timeout or 0)
         assert self.returncode is not None
