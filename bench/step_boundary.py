@@ -15,7 +15,7 @@ import time
 import torch
 
 from opguard import _C
-from opguard.recorder.tensors import fingerprint_all
+from opguard.recorder.tensors import _PROBE, fingerprint_all
 
 
 def state(seq: int = 128) -> dict[str, list[torch.Tensor]]:
@@ -35,6 +35,19 @@ def state(seq: int = 128) -> dict[str, list[torch.Tensor]]:
         "states on the GPU": [t for t in states if t.is_cuda],
         "states on the CPU (step counts)": [t for t in states if not t.is_cuda],
     }
+
+
+def read_seconds(tensors: list[torch.Tensor], repeats: int) -> float:
+    """Median host time of reading every tensor's attributes alone (dtype, shape, strides,
+    device: what each fingerprint needs of the tensor, through the CPython API)."""
+    readable = _PROBE.readable
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for tensor in tensors:
+            readable(tensor)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def host_seconds(tensors: list[torch.Tensor], repeats: int) -> float:
@@ -63,7 +76,11 @@ def main() -> None:
     for name, tensors in state().items():
         seconds = host_seconds(tensors, args.repeats)
         per = seconds / len(tensors) * 1e6
-        print(f"  {name:32} {len(tensors):4} tensors {seconds * 1e3:7.3f} ms {per:6.2f} µs each")
+        read = read_seconds(tensors, args.repeats) / len(tensors) * 1e6
+        print(
+            f"  {name:32} {len(tensors):4} tensors {seconds * 1e3:7.3f} ms {per:6.2f} µs each"
+            f" (reading its attributes {read:5.2f} µs)"
+        )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ std::shared_ptr<StateBatch> fingerprint_all(TensorProbe& probe, const py::list& 
       PyObject* label = PyList_GET_ITEM(labels.ptr(), static_cast<Py_ssize_t>(i));
       if (!PyBytes_Check(label)) throw py::type_error("fingerprint_all: labels are bytes");
       const py::handle tensor = PyList_GET_ITEM(tensors.ptr(), static_cast<Py_ssize_t>(i));
-      TensorFacts facts = probe.read(tensor);
+      TensorFacts facts = probe.read_remembered(tensor);
       ContentPtr content = probe.fingerprint(tensor, facts, head_elements);
       batch->tensors.push_back(StateTensor{
           std::string(PyBytes_AS_STRING(label), static_cast<size_t>(PyBytes_GET_SIZE(label))),

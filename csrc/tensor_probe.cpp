@@ -1,5 +1,7 @@
 #include "tensor_probe.h"
 
+#include <algorithm>
+#include <iterator>
 #include <string>
 
 #include "names.h"
@@ -83,6 +85,82 @@ TensorFacts TensorProbe::read(py::handle tensor) {
   if (facts.cuda) facts.device = call(tensor, k.get_device).cast<int>();
   facts.readable = is_plain(tensor) && facts.strided && (facts.cuda || facts.cpu);
   return facts;
+}
+
+TensorFacts TensorProbe::read_remembered(py::handle tensor) {
+  auto found = remembered_.find(tensor.ptr());
+  if (found != remembered_.end() && still_holds(tensor, found->second)) {
+    return found->second.facts;
+  }
+  TensorFacts facts = read(tensor);
+  uintptr_t address = 0;
+  if (!facts.readable || !this->address(tensor, facts, &address)) return facts;
+  has_lazy_bits(tensor, facts);  // asked now, so that the kept facts answer it
+  PyObject* ref = PyWeakref_NewRef(tensor.ptr(), nullptr);
+  if (ref == nullptr) {  // a tensor class without weak references: read it every time
+    PyErr_Clear();
+    return facts;
+  }
+  if (found != remembered_.end()) {
+    found->second = Remembered{py::reinterpret_steal<py::object>(ref), facts};
+  } else {
+    if (remembered_.size() >= sweep_at_) sweep_remembered();
+    remembered_.emplace(tensor.ptr(), Remembered{py::reinterpret_steal<py::object>(ref), facts});
+  }
+  return facts;
+}
+
+namespace {
+
+// The object a weak reference points to (borrowed), or nullptr once it died.
+PyObject* referent(PyObject* ref) {
+#if PY_VERSION_HEX >= 0x030D0000
+  PyObject* target = nullptr;
+  if (PyWeakref_GetRef(ref, &target) < 0) PyErr_Clear();
+  Py_XDECREF(target);  // the caller holds the tensor itself, which keeps it alive
+  return target;
+#else
+  PyObject* target = PyWeakref_GetObject(ref);
+  return target == Py_None ? nullptr : target;
+#endif
+}
+
+}  // namespace
+
+bool TensorProbe::still_holds(py::handle tensor, const Remembered& kept) {
+  if (referent(kept.ref.ptr()) != tensor.ptr() || !is_plain(tensor)) return false;
+  const Names& k = names();
+  const TensorFacts& facts = kept.facts;
+  PyObject* address = PyObject_CallMethodNoArgs(tensor.ptr(), k.data_ptr.ptr());
+  if (address == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  const uintptr_t now = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(address));
+  Py_DECREF(address);
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  if (now != facts.address) return false;
+  const py::object shape = attribute(tensor, k.shape);
+  const Py_ssize_t dims = PyTuple_Check(shape.ptr()) ? PyTuple_GET_SIZE(shape.ptr()) : -1;
+  if (dims != static_cast<Py_ssize_t>(facts.sizes.size())) return false;
+  for (Py_ssize_t d = 0; d < dims; ++d) {
+    const long long size = PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), d));
+    if (size != facts.sizes[static_cast<size_t>(d)]) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  return true;
+}
+
+void TensorProbe::sweep_remembered() {
+  for (auto it = remembered_.begin(); it != remembered_.end();) {
+    it = referent(it->second.ref.ptr()) == nullptr ? remembered_.erase(it) : std::next(it);
+  }
+  sweep_at_ = std::max(kFirstSweep, 2 * remembered_.size());
 }
 
 bool TensorProbe::is_plain(py::handle obj) const {

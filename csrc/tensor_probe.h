@@ -62,6 +62,13 @@ class TensorProbe {
               pybind11::object raw_stream, pybind11::object gpu);
 
   TensorFacts read(pybind11::handle tensor);
+  // read() for a tensor of the training state, which every step boundary reads again
+  // (parameters, optimizer states: the same objects step after step): their facts, first
+  // element's address and lazy bits included, are kept from the last read and reused while the
+  // object is alive and still has that address and shape, which is checked by two attribute
+  // reads instead of ten. What else could change with both kept (strides, dtype, device)
+  // changes only by assigning `.data` a view of the same memory at the same size.
+  TensorFacts read_remembered(pybind11::handle tensor);
   // isinstance(obj, torch.Tensor)
   bool is_tensor(pybind11::handle obj) const;
   // Whether obj is exactly one of the plain tensor classes (no subclass).
@@ -94,10 +101,24 @@ class TensorProbe {
   ContentPtr launch(const TensorFacts& facts, uintptr_t address, int64_t head_elements);
 
   static constexpr double kRingWaitSeconds = 60.0;
+  // Entries of dead tensors are dropped when the kept facts reach this many, then twice as
+  // many as survived the last sweep (losses and RNG states are new objects every step).
+  static constexpr size_t kFirstSweep = 4096;
+
+  // A tensor's facts as read_remembered keeps them; `ref` is a weak reference to the tensor:
+  // an entry whose tensor died is never taken for a new object at the same address.
+  struct Remembered {
+    pybind11::object ref;
+    TensorFacts facts;
+  };
+  bool still_holds(pybind11::handle tensor, const Remembered& kept);
+  void sweep_remembered();
 
   std::vector<PyObject*> plain_types_;  // borrowed: classes outlive the recorder
   pybind11::object strided_, dtype_info_, raw_stream_, make_gpu_, gpu_;
   std::unordered_map<PyObject*, DtypeInfo> dtypes_;
+  std::unordered_map<PyObject*, Remembered> remembered_;
+  size_t sweep_at_ = kFirstSweep;
   std::vector<pybind11::object> keep_;
 };
 

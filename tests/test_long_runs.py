@@ -376,6 +376,33 @@ def test_a_resumed_window_lines_up_with_the_original_run(runs: dict[str, Recorde
         assert "compared step(s) 4," in out, name
 
 
+def test_a_parameter_given_other_memory_or_shape_is_recorded_as_it_now_is(
+    tmp_path: Path,
+) -> None:
+    """The step level keeps what it read of each state tensor from one step to the next; a
+    parameter whose ``.data`` is replaced (other memory and shape, then a transposed view of
+    the same memory) is read anew, and every step records the values it ends with."""
+    weight = torch.nn.Parameter(torch.arange(12.0).reshape(3, 4))
+    opt = torch.optim.SGD([weight], lr=0.5)
+    ended_with = []
+    with opguard.record(tmp_path / "run", steps_only=True):
+        for step in range(4):
+            if step == 1:
+                weight.data = torch.arange(12.0).reshape(4, 3) * 2
+            if step == 2:
+                weight.data = weight.data.t()
+            (weight * torch.arange(weight.numel()).view(weight.shape)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            ended_with.append((tuple(weight.shape), fingerprint(weight)))
+    recorded = [
+        next(e.tensor for e in entries if e.kind == "param")
+        for _, entries in sorted(states(tmp_path / "run").items())
+    ]
+    assert [(t.shape, t.hash) for t in recorded] == ended_with
+    assert [shape for shape, _ in ended_with] == [(3, 4), (4, 3), (3, 4), (3, 4)]
+
+
 def test_opguard_step_numbers_the_step_now_starting(tmp_path: Path) -> None:
     """In code: ``opguard.step(n)`` renumbers, never backwards; ``opguard.step()`` ends a step
     (two backward calls in it: two loss entries); ``torch.autograd.backward`` is restored."""
