@@ -42,6 +42,23 @@ std::vector<int64_t> ints(const py::object& tuple) {
   return out;
 }
 
+// Whether a tuple of Python ints (torch.Size, stride()) holds exactly `values`.
+bool same_ints(const py::object& tuple, const std::vector<int64_t>& values) {
+  if (!PyTuple_Check(tuple.ptr()) ||
+      PyTuple_GET_SIZE(tuple.ptr()) != static_cast<Py_ssize_t>(values.size())) {
+    return false;
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    const long long v =
+        PyLong_AsLongLong(PyTuple_GET_ITEM(tuple.ptr(), static_cast<Py_ssize_t>(i)));
+    if (v != values[i]) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  return true;
+}
+
 #if OPGUARD_WITH_CUDA
 // A device tensor whose fingerprint is launched at the next flush, with the others queued by
 // the same op (one launch for a _foreach_ op's list). Per thread: each recording thread
@@ -87,11 +104,14 @@ TensorFacts TensorProbe::read(py::handle tensor) {
   return facts;
 }
 
-TensorFacts TensorProbe::read_remembered(py::handle tensor) {
+const TensorFacts* TensorProbe::remembered(py::handle tensor) {
   auto found = remembered_.find(tensor.ptr());
-  if (found != remembered_.end() && still_holds(tensor, found->second)) {
-    return found->second.facts;
-  }
+  if (found == remembered_.end() || !still_holds(tensor, found->second)) return nullptr;
+  return &found->second.facts;
+}
+
+TensorFacts TensorProbe::read_remembered(py::handle tensor) {
+  if (const TensorFacts* kept = remembered(tensor)) return *kept;
   TensorFacts facts = read(tensor);
   uintptr_t address = 0;
   if (!facts.readable || !this->address(tensor, facts, &address)) return facts;
@@ -101,12 +121,9 @@ TensorFacts TensorProbe::read_remembered(py::handle tensor) {
     PyErr_Clear();
     return facts;
   }
-  if (found != remembered_.end()) {
-    found->second = Remembered{py::reinterpret_steal<py::object>(ref), facts};
-  } else {
-    if (remembered_.size() >= sweep_at_) sweep_remembered();
-    remembered_.emplace(tensor.ptr(), Remembered{py::reinterpret_steal<py::object>(ref), facts});
-  }
+  if (remembered_.size() >= sweep_at_) sweep_remembered();
+  remembered_.insert_or_assign(tensor.ptr(),
+                               Remembered{py::reinterpret_steal<py::object>(ref), facts});
   return facts;
 }
 
@@ -143,17 +160,8 @@ bool TensorProbe::still_holds(py::handle tensor, const Remembered& kept) {
     return false;
   }
   if (now != facts.address) return false;
-  const py::object shape = attribute(tensor, k.shape);
-  const Py_ssize_t dims = PyTuple_Check(shape.ptr()) ? PyTuple_GET_SIZE(shape.ptr()) : -1;
-  if (dims != static_cast<Py_ssize_t>(facts.sizes.size())) return false;
-  for (Py_ssize_t d = 0; d < dims; ++d) {
-    const long long size = PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), d));
-    if (size != facts.sizes[static_cast<size_t>(d)]) {
-      PyErr_Clear();
-      return false;
-    }
-  }
-  return true;
+  return same_ints(attribute(tensor, k.shape), facts.sizes) &&
+         same_ints(call(tensor, k.stride), facts.strides);
 }
 
 void TensorProbe::sweep_remembered() {

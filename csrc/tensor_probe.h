@@ -65,9 +65,9 @@ class TensorProbe {
   // read() for a tensor of the training state, which every step boundary reads again
   // (parameters, optimizer states: the same objects step after step): their facts, first
   // element's address and lazy bits included, are kept from the last read and reused while the
-  // object is alive and still has that address and shape, which is checked by two attribute
-  // reads instead of ten. What else could change with both kept (strides, dtype, device)
-  // changes only by assigning `.data` a view of the same memory at the same size.
+  // object is alive and still has that address, shape and strides, which is checked by three
+  // attribute reads instead of ten. What else could change with all three kept (dtype, device,
+  // lazy bits) changes only by assigning `.data` a reinterpretation of the same memory.
   TensorFacts read_remembered(pybind11::handle tensor);
   // isinstance(obj, torch.Tensor)
   bool is_tensor(pybind11::handle obj) const;
@@ -111,6 +111,8 @@ class TensorProbe {
     pybind11::object ref;
     TensorFacts facts;
   };
+  // The kept facts of `tensor`, when they still hold; nullptr otherwise.
+  const TensorFacts* remembered(pybind11::handle tensor);
   bool still_holds(pybind11::handle tensor, const Remembered& kept);
   void sweep_remembered();
 

@@ -376,31 +376,49 @@ def test_a_resumed_window_lines_up_with_the_original_run(runs: dict[str, Recorde
         assert "compared step(s) 4," in out, name
 
 
-def test_a_parameter_given_other_memory_or_shape_is_recorded_as_it_now_is(
-    tmp_path: Path,
+@pytest.mark.parametrize("steps_only", [True, False], ids=["steps-only", "full"])
+def test_a_parameter_given_other_memory_or_layout_is_recorded_as_it_now_is(
+    tmp_path: Path, steps_only: bool
 ) -> None:
-    """The step level keeps what it read of each state tensor from one step to the next; a
-    parameter whose ``.data`` is replaced (other memory and shape, then a transposed view of
-    the same memory) is read anew, and every step records the values it ends with."""
+    """The recorder keeps what it read of each state tensor from one step to the next; a
+    parameter whose ``.data`` is replaced (other memory and shape, then a transposed view of the
+    same memory) or which is transposed in place (same memory and shape, other strides) is read
+    anew: every step records the values it ends with, and every op the values it is given."""
     weight = torch.nn.Parameter(torch.arange(12.0).reshape(3, 4))
-    opt = torch.optim.SGD([weight], lr=0.5)
-    ended_with = []
-    with opguard.record(tmp_path / "run", steps_only=True):
+    square = torch.nn.Parameter(torch.arange(16.0).reshape(4, 4))
+    opt = torch.optim.SGD([weight, square], lr=0.5)
+    ended_with, given = [], []
+    with opguard.record(tmp_path / "run", steps_only=steps_only):
         for step in range(4):
             if step == 1:
                 weight.data = torch.arange(12.0).reshape(4, 3) * 2
             if step == 2:
                 weight.data = weight.data.t()
-            (weight * torch.arange(weight.numel()).view(weight.shape)).sum().backward()
+                with torch.no_grad():
+                    square.t_()
+            given.append((square.stride(), fingerprint(square)))
+            factor = torch.arange(weight.numel()).view(weight.shape)
+            ((weight * factor).sum() + (square * 3).sum()).backward()
             opt.step()
             opt.zero_grad()
-            ended_with.append((tuple(weight.shape), fingerprint(weight)))
+            ended_with.append([(tuple(p.shape), fingerprint(p)) for p in (weight, square)])
     recorded = [
-        next(e.tensor for e in entries if e.kind == "param")
+        [(e.tensor.shape, e.tensor.hash) for e in entries if e.kind == "param"]
         for _, entries in sorted(states(tmp_path / "run").items())
     ]
-    assert [(t.shape, t.hash) for t in recorded] == ended_with
-    assert [shape for shape, _ in ended_with] == [(3, 4), (4, 3), (3, 4), (3, 4)]
+    assert recorded == ended_with
+    assert [shapes[0][0] for shapes in ended_with] == [(3, 4), (4, 3), (3, 4), (3, 4)]
+    if not steps_only:  # each step's `square * 3`, as the op level saw its input
+        with Run(tmp_path / "run") as opened:
+            muls = [
+                (op.inputs[0].stride, op.inputs[0].hash)
+                for op in opened.rank(0).ops()
+                if op.op == "aten::mul.Tensor"
+                and op.inputs[0].shape == (4, 4)
+                and op.phase == "forward"
+            ]
+        assert muls == given
+        assert given[2][0] == (1, 4)
 
 
 def test_opguard_step_numbers_the_step_now_starting(tmp_path: Path) -> None:
