@@ -4,32 +4,14 @@
 #include <climits>
 
 #include "names.h"
+#include "weak_refs.h"
 
 namespace py = pybind11;
 
 namespace opguard {
 namespace {
 
-// The object a weak reference points to (borrowed), or None once it is gone.
-PyObject* referent(const py::object& ref) {
-#if PY_VERSION_HEX >= 0x030D0000
-  PyObject* obj = nullptr;
-  if (PyWeakref_GetRef(ref.ptr(), &obj) < 0) throw py::error_already_set();
-  if (obj == nullptr) return Py_None;
-  Py_DECREF(obj);  // still referenced by its holder while we compare
-  return obj;
-#else
-  return PyWeakref_GetObject(ref.ptr());
-#endif
-}
-
-bool alive(const py::object& ref) { return ref && referent(ref) != Py_None; }
-
-py::object weak_reference(py::handle obj) {
-  PyObject* ref = PyWeakref_NewRef(obj.ptr(), nullptr);
-  if (ref == nullptr) throw py::error_already_set();
-  return py::reinterpret_steal<py::object>(ref);
-}
+bool alive(const py::object& ref) { return referent(ref.ptr()) != nullptr; }
 
 // The tensor's storage object and its address; a null object when it has none (meta, sparse,
 // nested, some subclasses).
@@ -67,7 +49,7 @@ std::pair<EntryRecorder::KnownPtr, bool> EntryRecorder::find(py::handle tensor,
   int64_t version = LLONG_MIN;  // read once, when a candidate needs it
   bool swapped = false;
   auto found = by_object_.find(reinterpret_cast<uintptr_t>(tensor.ptr()));
-  if (found != by_object_.end() && referent(found->second->ref) == tensor.ptr()) {
+  if (found != by_object_.end() && referent(found->second->ref.ptr()) == tensor.ptr()) {
     version = probe_.version(tensor);
     // `x.data = y` (an EMA update, Module._apply) swaps x's memory without an op or a version
     // bump: the address and geometry tell

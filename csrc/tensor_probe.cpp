@@ -6,6 +6,7 @@
 
 #include "names.h"
 #include "results.h"
+#include "weak_refs.h"
 #if OPGUARD_WITH_CUDA
 #include "fingerprint_cuda.h"
 #endif
@@ -126,23 +127,6 @@ TensorFacts TensorProbe::read_remembered(py::handle tensor) {
                                Remembered{py::reinterpret_steal<py::object>(ref), facts});
   return facts;
 }
-
-namespace {
-
-// The object a weak reference points to (borrowed), or nullptr once it died.
-PyObject* referent(PyObject* ref) {
-#if PY_VERSION_HEX >= 0x030D0000
-  PyObject* target = nullptr;
-  if (PyWeakref_GetRef(ref, &target) < 0) PyErr_Clear();
-  Py_XDECREF(target);  // the caller holds the tensor itself, which keeps it alive
-  return target;
-#else
-  PyObject* target = PyWeakref_GetObject(ref);
-  return target == Py_None ? nullptr : target;
-#endif
-}
-
-}  // namespace
 
 bool TensorProbe::still_holds(py::handle tensor, const Remembered& kept) {
   if (referent(kept.ref.ptr()) != tensor.ptr() || !is_plain(tensor)) return false;
