@@ -43,23 +43,6 @@ std::vector<int64_t> ints(const py::object& tuple) {
   return out;
 }
 
-// Whether a tuple of Python ints (torch.Size, stride()) holds exactly `values`.
-bool same_ints(const py::object& tuple, const std::vector<int64_t>& values) {
-  if (!PyTuple_Check(tuple.ptr()) ||
-      PyTuple_GET_SIZE(tuple.ptr()) != static_cast<Py_ssize_t>(values.size())) {
-    return false;
-  }
-  for (size_t i = 0; i < values.size(); ++i) {
-    const long long v =
-        PyLong_AsLongLong(PyTuple_GET_ITEM(tuple.ptr(), static_cast<Py_ssize_t>(i)));
-    if (v != values[i]) {
-      PyErr_Clear();
-      return false;
-    }
-  }
-  return true;
-}
-
 #if OPGUARD_WITH_CUDA
 // A device tensor whose fingerprint is launched at the next flush, with the others queued by
 // the same op (one launch for a _foreach_ op's list). Per thread: each recording thread
@@ -132,20 +115,11 @@ bool TensorProbe::still_holds(py::handle tensor, const Remembered& kept) {
   if (referent(kept.ref.ptr()) != tensor.ptr() || !is_plain(tensor)) return false;
   const Names& k = names();
   const TensorFacts& facts = kept.facts;
-  PyObject* address = PyObject_CallMethodNoArgs(tensor.ptr(), k.data_ptr.ptr());
-  if (address == nullptr) {
-    PyErr_Clear();
-    return false;
-  }
-  const uintptr_t now = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(address));
-  Py_DECREF(address);
-  if (PyErr_Occurred()) {
-    PyErr_Clear();
-    return false;
-  }
-  if (now != facts.address) return false;
-  return same_ints(attribute(tensor, k.shape), facts.sizes) &&
-         same_ints(call(tensor, k.stride), facts.strides);
+  const TensorFacts fresh;  // asked for its address only
+  uintptr_t now = 0;
+  return address(tensor, fresh, &now) && now == facts.address &&
+         ints(attribute(tensor, k.shape)) == facts.sizes &&
+         ints(call(tensor, k.stride)) == facts.strides;
 }
 
 void TensorProbe::sweep_remembered() {

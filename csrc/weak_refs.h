@@ -1,5 +1,5 @@
-// Weak references held by the native recorder (to tensors, storages, the dispatch mode): what
-// they point to, across the Python versions the extension builds for.
+// Weak references held by the native recorder (to tensors and storages): what they point to,
+// across the Python versions the extension builds for.
 #pragma once
 
 #include <pybind11/pybind11.h>
