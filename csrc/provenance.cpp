@@ -129,6 +129,10 @@ void EntryRecorder::sweep() {
   sweep_at_ = std::max(kFirstSweep, 2 * (by_object_.size() + by_storage_.size()));
 }
 
+void EntryRecorder::unwritten(py::handle tensor) {
+  remember(tensor, probe_.read(tensor), -1, 0, Content::flag(kFlagUninitialized), false, true);
+}
+
 void EntryRecorder::settle() {
   for (auto& [tensor, known] : unsettled_) known->version = probe_.version(tensor);
   unsettled_.clear();
@@ -256,6 +260,8 @@ void bind_provenance(py::module_& m) {
       .def(py::init<py::object, int64_t>(), py::arg("probe"), py::arg("head_elements"))
       .def("discard", &EntryRecorder::discard,
            "Drops GPU fingerprints not launched yet (recording stopped).")
+      .def("unwritten", &EntryRecorder::unwritten, py::arg("tensor"),
+           "Knows a tensor as memory nobody has written (allocated by compiled code).")
       .def_property_readonly("reads", &EntryRecorder::reads);
   m.attr("FLAG_VIEW") = kFlagView;
   m.attr("FLAG_UNINITIALIZED") = kFlagUninitialized;

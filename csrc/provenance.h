@@ -56,6 +56,11 @@ class EntryRecorder {
   // content derives from the op's first input (`op.base`) when it can.
   int output(OpRecord& op, std::string slot, pybind11::handle tensor, int64_t index,
              OutputKind kind, bool written);
+  // Knows `tensor` as memory nobody has written: compiled code allocated it outside the
+  // dispatcher. A kernel that reads it before a recorded op writes it (an in-place output
+  // Inductor computes inside the kernel that reads it) gets the uninitialized flag, through any
+  // alias, rather than a fingerprint of whatever the allocator's last user left there.
+  void unwritten(pybind11::handle tensor);
   // Re-reads the versions of the last op's written tensors (bumped after it returned).
   void settle();
   void flush() { probe_.flush(); }

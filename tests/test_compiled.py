@@ -107,6 +107,29 @@ def test_compiled_regions_and_their_kernels_are_recorded(runs: Recordings) -> No
     assert consumer.inputs[0].producer == (forward.index, 0)
 
 
+def test_memory_a_kernel_writes_before_reading_is_not_compared_as_its_input(
+    runs: Recordings,
+) -> None:
+    """Inductor names a buffer ``in_out_ptr`` when one part of a fused kernel computes it and a
+    later part updates it in place (the layer norm's mean here), in memory the wrapper has just
+    allocated outside the dispatcher. Its bytes before the kernel are whatever the allocator's
+    last user left, different between runs for no reason in either, and were fingerprinted as
+    the kernel's input: a false difference of inputs. Now they are marked uninitialized, while
+    an ``in_out_ptr`` a recorded op wrote first (the backward's GEMM result) is read."""
+    (compiled,) = runs("compiled")
+    ops = ops_of(compiled)
+    forward = next(op for op in ops if op.op.startswith("inductor::cpp_fused_native_layer_norm"))
+    fresh = [t for t in forward.inputs if t.slot.startswith("in_out_ptr")]
+    assert len(fresh) == 2
+    assert all(t.is_uninitialized and t.producer is None for t in fresh)
+    assert all(t.hash is not None for t in forward.inputs if t.slot.startswith("in_ptr"))
+    assert all(t.hash is not None for t in forward.outputs)
+    backward = next(op for op in ops if op.op.startswith("inductor::cpp_fused_mul_native"))
+    (written,) = [t for t in backward.inputs if t.slot == "in_out_ptr0"]
+    assert not written.is_uninitialized and written.hash is not None
+    assert written.producer is not None and ops[written.producer[0]].op == "aten::mm.out"
+
+
 def test_eager_switch_turns_compilation_off(runs: Recordings) -> None:
     compiled, eager = runs("compiled", "eager")
     assert not any(op.op.startswith(("compiled::", "inductor::")) for op in ops_of(eager))

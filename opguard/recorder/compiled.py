@@ -22,7 +22,13 @@ record also names its *origins*, the user's source lines of the FX nodes it comp
 Kernels are found in the wrapper module's globals, where the wrapper looks them up at each call,
 and are replaced there by recording proxies that pass straight through when nothing records.
 A kernel's arguments are classified by Inductor's own naming of kernel parameters
-(``in_ptr``: read, ``out_ptr``: written, ``in_out_ptr``: both).
+(``in_ptr``: read, ``out_ptr``: written, ``in_out_ptr``: both). An ``in_out_ptr`` is not always
+read before it is written: Inductor also gives that name to a buffer that one part of a fused
+kernel computes and a later part updates in place (a layer norm's mean, then its reciprocal
+deviation), freshly allocated by the wrapper. The wrapper's allocators (``empty_strided_cuda``
+…) bypass the dispatcher, so they are wrapped too, and what they return is known as memory
+nobody wrote: a kernel reading it gets the uninitialized flag, not a fingerprint of what the
+allocator's previous user left there, which differs between runs for no reason in either.
 """
 
 from __future__ import annotations
@@ -70,6 +76,9 @@ _BACKWARD = schema.PHASES.index("backward")
 _FORWARD = schema.PHASES.index("forward")
 _OTHER = schema.PHASES.index("other")
 _MARK = "__opguard_kernels__"  # set in a wrapper module's globals once its kernels are wrapped
+# The wrapper's names for torch's allocators that bypass the dispatcher (empty_strided_cpu,
+# empty_strided_cuda, …); the dispatcher's own empty_strided is recorded as an op.
+_ALLOCATOR = re.compile(r"empty_strided_\w+")
 _KERNEL_SIGNATURE = re.compile(r'extern\s+"C"[^(]*\bkernel\s*\(([^)]*)\)')
 # Inductor's provenance tracking at its basic level: each compiled graph then keeps the stack
 # traces of the FX nodes every kernel launch of its wrapper computes. Turned on only where the
@@ -404,6 +413,9 @@ def _instrument(compiled: Any) -> None:
     with open(path) as handle:
         wrapper = handle.read()
     launches = kernel_launches(wrapper)
+    for name, allocate in list(namespace.items()):
+        if _ALLOCATOR.fullmatch(name) and callable(allocate):
+            namespace[name] = Allocator(allocate)
     for name, (parameters, source) in kernel_sources(wrapper).items():
         kernel: Any = namespace.get(name)
         code = [["code", _digest(source)]]
@@ -489,6 +501,23 @@ class Kernel:
             mode.fail(exc)
             return run(*args)
         return mode.record_call(info, run, args, {}, arguments=self.arguments, origins=origins)
+
+
+class Allocator:
+    """One of the wrapper's allocators (``empty_strided_cuda`` …): while recording, what it
+    returns is known as unwritten memory (the module's docstring says why)."""
+
+    __slots__ = ("allocate",)
+
+    def __init__(self, allocate: Callable[..., torch.Tensor]) -> None:
+        self.allocate = allocate
+
+    def __call__(self, *args: Any) -> torch.Tensor:
+        tensor = self.allocate(*args)
+        mode = _recorder
+        if mode is not None and mode.active:
+            mode.unwritten(tensor)
+        return tensor
 
 
 class CppKernel:

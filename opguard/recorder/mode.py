@@ -311,6 +311,14 @@ class OpRecorder(TorchDispatchMode):
         if self.kernels is not None:
             self.kernels.resume()
 
+    def unwritten(self, tensor: torch.Tensor) -> None:
+        """``tensor`` holds memory compiled code allocated outside the dispatcher, which no
+        recorded op has written yet (:class:`~opguard.recorder.compiled.Allocator`)."""
+        try:
+            self._entries.unwritten(tensor)
+        except Exception as exc:
+            self.fail(exc)
+
     def intern_name(self, name: str) -> int:
         return int(self._writer.intern_name(name))
 
