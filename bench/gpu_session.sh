@@ -41,11 +41,18 @@ cd /tmp  # never import opguard from the source tree (it has no built extension)
 for part in $parts; do
   case $part in
     tests)
-      # only the files with GPU tests: the others need the UI and agent dependencies; in one
-      # process (no addopts: pytest-xdist's workers), as the tests share the one GPU
-      python3 -m pytest -q -p no:cacheprovider -o addopts= -m cuda "$ROOT/tests/test_cuda.py" \
-        "$ROOT/tests/test_compiled.py" "$ROOT/tests/test_fuzz.py" > "$OUT/tests.txt" 2>&1
-      tail -40 "$OUT/tests.txt" ;;
+      # only the files with GPU tests: the others need the UI and agent dependencies. Each
+      # file in a process of its own (no addopts: pytest-xdist's workers), the three at once,
+      # which a call's time limit needs; the fuzzer's GPU pairs, a few processes each, on
+      # workers of their own where pytest-xdist is installed (its wheels in .whl/ as well)
+      workers=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 6" || true)
+      for file in test_cuda test_compiled test_fuzz; do
+        python3 -m pytest -q -p no:cacheprovider -o addopts= -m cuda \
+          $([ $file = test_fuzz ] && echo $workers) "$ROOT/tests/$file.py" \
+          > "$OUT/tests_$file.txt" 2>&1 &
+      done
+      wait
+      tail -n 25 "$OUT"/tests_*.txt ;;
     bench)
       python3 "$ROOT/bench/fingerprint_gpu.py" --mib 512 2>&1 | tee "$OUT/fingerprint_gpu.txt"
       python3 "$ROOT/bench/overhead.py" --rounds 2 --steps 5 --json "$OUT/overhead.json" 2>&1 \
