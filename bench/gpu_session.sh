@@ -45,11 +45,12 @@ for part in $parts; do
       # file in a process of its own (no addopts: pytest-xdist's workers), the three at once,
       # which a call's time limit needs; the fuzzer's GPU pairs, a few processes each, on
       # workers of their own where pytest-xdist is installed (its wheels in .whl/ as well)
-      workers=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 6" || true)
+      xdist=$(python3 -c 'import xdist' 2>/dev/null && echo yes || true)
       for file in test_cuda test_compiled test_fuzz; do
-        python3 -m pytest -q -p no:cacheprovider -o addopts= -m cuda \
-          $([ $file = test_fuzz ] && echo $workers) "$ROOT/tests/$file.py" \
-          > "$OUT/tests_$file.txt" 2>&1 &
+        workers=()
+        [ $file = test_fuzz ] && [ -n "$xdist" ] && workers=(-n 6)
+        python3 -m pytest -q -p no:cacheprovider -o addopts= -m cuda "${workers[@]}" \
+          "$ROOT/tests/$file.py" > "$OUT/tests_$file.txt" 2>&1 &
       done
       wait
       tail -n 25 "$OUT"/tests_*.txt ;;
