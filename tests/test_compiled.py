@@ -40,7 +40,7 @@ from opguard.recorder.compiled import (
     user_origins,
 )
 from opguard.store import OpRecord, Run
-from opguard.tui.detail import Selection, render
+from opguard.tui.detail import Selection, display_path, render
 
 pytestmark = pytest.mark.slow  # long in all: started first (conftest.py)
 
@@ -227,7 +227,8 @@ def test_kernel_origins_in_the_detail_pane_and_the_evidence(runs: Recordings) ->
         console.print(render(Selection.load(row, traces)))
         pane = console.export_text()
         evidence = build_evidence(result, ra, rb).text
-    assert f"A and B from tests/scenarios/compiled_model.py:{line} in forward" in pane, pane
+    shown = display_path(str(COMPILED.resolve()))  # relative to the directory pytest runs in
+    assert f"A and B from {shown}:{line} in forward" in pane, pane
     assert f"from compiled_model.py:{line} (forward): h = getattr(F, args.activation)(h)" in (
         evidence
     )
