@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,13 +49,14 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Layout:
-    """One optimizer's parameters in its order, with their entries' labels."""
+    """One optimizer's parameters in its order, with their entries' labels (``slot_labels``:
+    each parameter's state entries' labels by state key, made as the keys appear)."""
 
     params: list[torch.Tensor]
     grad_labels: list[bytes]
     param_labels: list[bytes]
     names: list[str]
-    state_labels: dict[tuple[int, str], bytes] = field(default_factory=dict)
+    slot_labels: list[dict[Any, bytes]]
 
 
 class StepRecorder:
@@ -142,15 +143,19 @@ class StepRecorder:
             layout = self._layout(optimizer)
             self._add("param", [local(p) for p in layout.params], list(layout.param_labels))
             tensors, labels = [], []
-            state = optimizer.state
-            for position, param in enumerate(layout.params):
-                slots = state.get(param)
-                if not slots:
-                    continue
-                for key, value in slots.items():
+            # found by identity: looking a tensor up in the state dict calls Tensor.__hash__, a
+            # Python method, once a parameter
+            states = {id(param): slots for param, slots in optimizer.state.items()}
+            for param, name, slot_labels in zip(
+                layout.params, layout.names, layout.slot_labels, strict=True
+            ):
+                for key, value in states.get(id(param), {}).items():
                     if isinstance(value, torch.Tensor):
+                        label = slot_labels.get(key)
+                        if label is None:
+                            label = slot_labels[key] = self._label("state", name, str(key))
                         tensors.append(local(value))
-                        labels.append(self._state_label(layout, position, key))
+                        labels.append(label)
             self._add("state", tensors, labels)
         except Exception as exc:
             self._fail(exc)
@@ -189,21 +194,14 @@ class StepRecorder:
             label = self._labels[key] = _C.state_label(kind, self._writer.intern_state(name), slot)
         return label
 
-    def _state_label(self, layout: Layout, position: int, key: Any) -> bytes:
-        label = layout.state_labels.get((position, key))
-        if label is None:
-            label = self._label("state", layout.names[position], str(key))
-            layout.state_labels[(position, key)] = label
-        return label
-
     def _layout(self, optimizer: Any) -> Layout:
         """The optimizer's parameters and labels, made on its first step (and again when its
         groups change)."""
-        groups = [(g, list(group["params"])) for g, group in enumerate(optimizer.param_groups)]
-        count = sum(len(params) for _, params in groups)
         layout = self._layouts.get(optimizer)
+        count = sum(len(group["params"]) for group in optimizer.param_groups)
         if layout is not None and len(layout.params) == count:
             return layout
+        groups = [(g, list(group["params"])) for g, group in enumerate(optimizer.param_groups)]
         params = [p for _, ps in groups for p in ps]
         owners = find_owners(params)
         names = [param_name(owners, p, g, k) for g, ps in groups for k, p in enumerate(ps)]
@@ -212,6 +210,7 @@ class StepRecorder:
             [self._label("grad", name, "") for name in names],
             [self._label("param", name, "") for name in names],
             names,
+            [{} for _ in names],
         )
         self._layouts[optimizer] = layout
         self._note_buffers(owners)
