@@ -77,8 +77,9 @@ _FORWARD = schema.PHASES.index("forward")
 _OTHER = schema.PHASES.index("other")
 _MARK = "__opguard_kernels__"  # set in a wrapper module's globals once its kernels are wrapped
 # The wrapper's names for torch's allocators that bypass the dispatcher (empty_strided_cpu,
-# empty_strided_cuda, …); the dispatcher's own empty_strided is recorded as an op.
-_ALLOCATOR = re.compile(r"empty_strided_\w+")
+# empty_strided_cuda, …); the dispatcher's own empty_strided is recorded as an op, and
+# empty_strided_p2p's symmetric memory is written by other ranks, which this one never sees.
+_ALLOCATOR = re.compile(r"empty_strided_(?!p2p$)\w+")
 _KERNEL_SIGNATURE = re.compile(r'extern\s+"C"[^(]*\bkernel\s*\(([^)]*)\)')
 # Inductor's provenance tracking at its basic level: each compiled graph then keeps the stack
 # traces of the FX nodes every kernel launch of its wrapper computes. Turned on only where the
