@@ -195,7 +195,7 @@ int EntryRecorder::input(OpRecord& op, std::string slot, py::handle tensor, bool
   auto [known, exact] = find(tensor, facts);
   ContentPtr content;
   if (known && exact) {
-    if (verify) {
+    if (verify && !known->compiled_scratch()) {
       content = read(tensor, facts);
     } else {
       if (!known->content) known->content = read(tensor, facts);

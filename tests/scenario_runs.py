@@ -62,6 +62,7 @@ RECORDINGS: dict[str, tuple[Path, tuple[str, ...]]] = {
     "compiled_rerun": (COMPILED, ()),
     "compiled_gelu": (COMPILED, ()),
     "compiled_divide": (COMPILED, ()),
+    "compiled_verified": (COMPILED, ("--verify-inputs",)),
     "eager": (COMPILED, ("--eager",)),
     "eager_numpy": (COMPILED, ("--eager",)),
     "eager_verified": (COMPILED, ("--eager", "--verify-inputs")),

@@ -107,16 +107,18 @@ def test_compiled_regions_and_their_kernels_are_recorded(runs: Recordings) -> No
     assert consumer.inputs[0].producer == (forward.index, 0)
 
 
+@pytest.mark.parametrize("recording", ["compiled", "compiled_verified"])
 def test_memory_a_kernel_writes_before_reading_is_not_compared_as_its_input(
-    runs: Recordings,
+    runs: Recordings, recording: str
 ) -> None:
     """Inductor names a buffer ``in_out_ptr`` when one part of a fused kernel computes it and a
     later part updates it in place (the layer norm's mean here), in memory the wrapper has just
     allocated outside the dispatcher. Its bytes before the kernel are whatever the allocator's
     last user left, different between runs for no reason in either, and were fingerprinted as
-    the kernel's input: a false difference of inputs. Now they are marked uninitialized, while
-    an ``in_out_ptr`` a recorded op wrote first (the backward's GEMM result) is read."""
-    (compiled,) = runs("compiled")
+    the kernel's input: a false difference of inputs. Now they are marked uninitialized, with
+    --verify-inputs too, while an ``in_out_ptr`` a recorded op wrote first (the backward's GEMM
+    result) is read."""
+    (compiled,) = runs(recording)
     ops = ops_of(compiled)
     forward = next(op for op in ops if op.op.startswith("inductor::cpp_fused_native_layer_norm"))
     fresh = [t for t in forward.inputs if t.slot.startswith("in_out_ptr")]
