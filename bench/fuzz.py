@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the fuzzer's modules
 from fuzz_harness import MODES, Outcome, run_pair
-from fuzz_mutations import BY_NAME, MUTATIONS, make_pair, pair_of
+from fuzz_mutations import BY_NAME, MUTATIONS, make_pair, pair_of, runnable
 from readme_demo import cpu_model
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "COMPARING.md"
@@ -192,6 +192,16 @@ def main() -> None:
     unknown = [m for m in mutations if m not in BY_NAME]
     if unknown:
         parser.error(f"unknown mutation classes {unknown}; known: {', '.join(BY_NAME)}")
+    idle = [
+        m
+        for m in mutations
+        if not runnable(BY_NAME[m], compile_rate=args.compile_rate, device=args.device)
+    ]
+    if idle:
+        parser.error(
+            f"mutation classes {idle} apply to no program on {args.device} with --compile-rate"
+            f" {args.compile_rate}"
+        )
     indices = range(args.start, args.start + args.pairs)
     started = time.perf_counter()
     outcomes: list[Outcome] = []

@@ -359,10 +359,17 @@ def make_pair(mutation: str, seed: int, *, compile_rate: float = 0.0, device: st
     raise ValueError(f"{mutation}: applies to no program from seed {seed}")
 
 
+def runnable(mutation: Mutation, *, compile_rate: float = 0.0, device: str = "cpu") -> bool:
+    """Whether ``mutation`` applies to some program of a run on ``device`` that compiles a
+    ``compile_rate`` share of its programs (with all of them compiled, no class whose right
+    answer needs the oracle's ops does)."""
+    return device in mutation.devices and not (compile_rate >= 1 and mutation.rule.needs_ops)
+
+
 def pair_of(index: int, *, compile_rate: float = 0.0, device: str = "cpu") -> Pair:
     """The ``index``-th pair of a run of the fuzzer: the mutations in turn, each on the program
-    of seed ``index`` (or the next it applies to), so every class that runs on ``device``
-    gets its share."""
-    classes = [m for m in MUTATIONS if device in m.devices]
+    of seed ``index`` (or the next it applies to), so every class that can run gets its
+    share."""
+    classes = [m for m in MUTATIONS if runnable(m, compile_rate=compile_rate, device=device)]
     mutation = classes[index % len(classes)]
     return make_pair(mutation.name, index, compile_rate=compile_rate, device=device)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 from fuzz_harness import Outcome, diff_json, record, run_pair
-from fuzz_mutations import make_pair
+from fuzz_mutations import MUTATIONS, make_pair, pair_of, runnable
 from fuzz_oracle import Truth, compare, observe
 from fuzz_programs import Program, render
 
@@ -85,6 +85,17 @@ def test_oracle_says_a_clip_that_never_clips_changes_nothing(tmp_path: Path) -> 
 
 
 # -- in-process recording ------------------------------------------------------------------------
+
+
+def test_a_run_of_compiled_programs_draws_only_classes_that_apply_to_them() -> None:
+    """``bench/fuzz.py --compile-rate 1.0`` stopped at its first pair of a class whose right
+    answer needs the oracle's ops, which no compiled program has: such classes are left out of
+    the draw, and every other class gets its turn."""
+    compiled = [m for m in MUTATIONS if runnable(m, compile_rate=1.0)]
+    assert 0 < len(compiled) < len([m for m in MUTATIONS if runnable(m)])
+    pairs = [pair_of(index, compile_rate=1.0) for index in range(len(compiled))]
+    assert {pair.mutation.name for pair in pairs} == {m.name for m in compiled}
+    assert all(pair.a.compile and pair.b.compile for pair in pairs)
 
 
 def test_in_process_recording_is_the_cli_s(tmp_path: Path) -> None:
