@@ -204,6 +204,19 @@ def test_sample_answer_is_right(scratch: Path, mutation: str, seed: int, mode: s
     )
 
 
+def test_compiled_pair_whose_fused_kernel_writes_a_fresh_buffer_before_reading_it(
+    scratch: Path,
+) -> None:
+    """A compiled program that logs its loss, against the same without. A fused layer-norm
+    kernel's ``in_out_ptr`` buffer, allocated by Inductor's wrapper and written by the kernel
+    before it reads it, was fingerprinted as an input: the allocator's leftovers differed, and
+    ``--tolerant`` named that kernel at step 1 rather than calling the pair rounding."""
+    outcome = run_pair(make_pair("log_loss", 34, compile_rate=1.0), scratch)
+    assert not outcome.error, outcome.error
+    scored = outcome.scores["tolerant"]
+    assert scored.right, f"OpGuard said {scored.answer}; {scored.reason}. Truth: {outcome.truth}"
+
+
 # -- the GPU sample --------------------------------------------------------------------------------
 
 # The classes whose programs change on a GPU (kernels, streams, bf16 autocast, fused optimizers),
