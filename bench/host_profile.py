@@ -16,9 +16,9 @@ name: ``pip install . -C install.strip=false -C cmake.build-type=RelWithDebInfo`
 Only the samples inside the recorder's dispatch handler during the measured steps are folded
 (an unrecorded step and a recorded one come first, to pay one-off costs), each into one part:
 the op itself (the call back into PyTorch, its kernel included) wherever it appears on the
-stack, else the innermost frame that names a part. The shares say what a per-op host path built below
-Python would no longer pay (the dispatch into Python, the attribute reads through the CPython
-API) and what it would still do (provenance, call sites, records).
+stack, else the innermost frame that names a part. The shares say what a per-op host path built
+below Python would no longer pay (the dispatch into Python, the attribute reads through the
+CPython API) and what it would still do (provenance, call sites, records).
 """
 
 from __future__ import annotations

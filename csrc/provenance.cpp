@@ -129,6 +129,10 @@ void EntryRecorder::sweep() {
   sweep_at_ = std::max(kFirstSweep, 2 * (by_object_.size() + by_storage_.size()));
 }
 
+bool EntryRecorder::Known::compiled_scratch() const {
+  return index < 0 && is_uninitialized(content);
+}
+
 void EntryRecorder::unwritten(py::handle tensor) {
   remember(tensor, probe_.read(tensor), -1, 0, Content::flag(kFlagUninitialized), false, true);
 }

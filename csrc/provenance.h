@@ -92,9 +92,7 @@ class EntryRecorder {
     // Memory compiled code allocated that no recorded op has written (unwritten()): no code
     // of the user's reaches it, so --verify-inputs has no unseen write to find there, and a
     // read would fingerprint what the allocator's last user left.
-    bool compiled_scratch() const {
-      return index < 0 && content && (content->flags() & kFlagUninitialized);
-    }
+    bool compiled_scratch() const;
   };
   using KnownPtr = std::shared_ptr<Known>;
 

@@ -321,13 +321,18 @@ MUTATIONS: tuple[Mutation, ...] = (
 BY_NAME = {m.name: m for m in MUTATIONS}
 
 
+def runnable(mutation: Mutation, *, compile_rate: float = 0.0, device: str = "cpu") -> bool:
+    """Whether ``mutation`` applies to some program of a run on ``device`` that compiles a
+    ``compile_rate`` share of its programs (with all of them compiled, no class whose right
+    answer needs the oracle's ops does)."""
+    return device in mutation.devices and not (compile_rate >= 1 and mutation.rule.needs_ops)
+
+
 def applies(mutation: Mutation, program: Program) -> bool:
     """Whether ``mutation`` makes sense on ``program`` and its right answer can be known."""
-    return (
-        program.device in mutation.devices
-        and mutation.applies(program)
-        and not (program.compile and mutation.rule.needs_ops)
-    )
+    return runnable(
+        mutation, compile_rate=float(program.compile), device=program.device
+    ) and mutation.applies(program)
 
 
 @dataclass(frozen=True)
@@ -357,13 +362,6 @@ def make_pair(mutation: str, seed: int, *, compile_rate: float = 0.0, device: st
             a, b = chosen.change(program)
             return Pair(chosen, program.seed, a, b)
     raise ValueError(f"{mutation}: applies to no program from seed {seed}")
-
-
-def runnable(mutation: Mutation, *, compile_rate: float = 0.0, device: str = "cpu") -> bool:
-    """Whether ``mutation`` applies to some program of a run on ``device`` that compiles a
-    ``compile_rate`` share of its programs (with all of them compiled, no class whose right
-    answer needs the oracle's ops does)."""
-    return device in mutation.devices and not (compile_rate >= 1 and mutation.rule.needs_ops)
 
 
 def pair_of(index: int, *, compile_rate: float = 0.0, device: str = "cpu") -> Pair:
